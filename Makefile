@@ -1,0 +1,50 @@
+# run: a small inference engine for Qwen3 checkpoints with a compressed KV cache.
+#   make            build ./run
+#   make run        run the built-in default model
+#   make test       build and run the Criterion suite
+#   make test-asan  the same suite under AddressSanitizer + UBSan
+CC      ?= gcc
+OPT     ?= -O3
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -Wall -Wextra -fopenmp -I. -D_GNU_SOURCE
+LDLIBS  += -lm -fopenmp
+
+LIB_SRC  := $(sort $(wildcard format/*.c kernels/*.c kv/*.c attn/*.c model/*.c tokenizer/*.c sample/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+HDRS     := $(wildcard */*.h)
+
+BUILD   ?= build
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+
+.PHONY: all run test test-asan bench clean
+# ./run is a copy of $(BUILD)/run, so that "make run" can be the command that runs it.
+all: $(BUILD)/run
+	@cp $(BUILD)/run run
+
+$(BUILD)/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/librun.a: $(LIB_OBJ)
+	ar rcs $@ $^
+
+$(BUILD)/run: $(BUILD)/run.o $(BUILD)/librun.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+run: all
+	./run
+
+$(BUILD)/test_all: $(TEST_OBJ) $(BUILD)/librun.a
+	$(CC) $(CFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
+
+# Tests run from the repo root (they read tests/data/); CLI tests run $(RUN_BIN).
+test: $(BUILD)/run $(BUILD)/test_all
+	RUN_BIN=$(BUILD)/run $(BUILD)/test_all $(TEST_ARGS)
+
+test-asan:
+	$(MAKE) test BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+		LDLIBS="-lm -fopenmp -fsanitize=address,undefined"
+
+clean:
+	rm -rf build build-asan run

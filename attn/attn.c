@@ -1,0 +1,85 @@
+/* attn.c: online-softmax attention over a compressed KV stream.
+ *
+ * Per kv head: rotate the nq queries into the K scheme's domain once (scale
+ * folded in), then walk the positions in ATTN_CHUNK blocks: scores from the
+ * scheme's score function, a running max m and denominator l per head
+ * (Milakov & Gimelshein 2018, the FlashAttention recurrence), values summed
+ * by the scheme's accumulate function in the V scheme's domain, and one
+ * rotation back at the end. Nothing dequantizes the cache into a buffer.
+ */
+#include "attn/attn.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+size_t attn_scratch_floats(int nq, int d) {
+    /* qd [nq,d] + acc [nq,d] + p [nq,CHUNK] + m [nq] + l [nq] */
+    return (size_t)nq * (2 * (size_t)d + ATTN_CHUNK + 2);
+}
+
+void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out,
+                float *scratch) {
+    const int d = k->d, len = k->len;
+    float *qd = scratch, *acc = qd + (size_t)nq * d, *p = acc + (size_t)nq * d;
+    float *m = p + (size_t)nq * ATTN_CHUNK, *l = m + nq;
+    for (int i = 0; i < nq; i++) {
+        float *qi = qd + (size_t)i * d;
+        kv_to_domain(k, q + (size_t)i * d, qi);
+        for (int j = 0; j < d; j++) qi[j] *= scale;
+        m[i] = -INFINITY;
+        l[i] = 0;
+    }
+    memset(acc, 0, (size_t)nq * d * sizeof(float));
+    for (int t0 = 0; t0 < len; t0 += ATTN_CHUNK) {
+        int t1 = t0 + ATTN_CHUNK < len ? t0 + ATTN_CHUNK : len, n = t1 - t0;
+        kv_score(k, qd, nq, t0, t1, p, ATTN_CHUNK);
+        for (int i = 0; i < nq; i++) {
+            float *pi = p + (size_t)i * ATTN_CHUNK, cm = m[i];
+            for (int t = 0; t < n; t++) cm = pi[t] > cm ? pi[t] : cm;
+            /* rescale what was accumulated under the old max */
+            float corr = expf(m[i] - cm), sum = 0;
+            if (corr != 1.0f) {
+                float *ai = acc + (size_t)i * d;
+                for (int j = 0; j < d; j++) ai[j] *= corr;
+            }
+            for (int t = 0; t < n; t++) {
+                pi[t] = expf(pi[t] - cm);
+                sum += pi[t];
+            }
+            l[i] = l[i] * corr + sum;
+            m[i] = cm;
+        }
+        kv_accum(v, p, ATTN_CHUNK, nq, t0, t1, acc);
+    }
+    for (int i = 0; i < nq; i++) {
+        float *ai = acc + (size_t)i * d, inv = 1.0f / l[i];
+        for (int j = 0; j < d; j++) ai[j] *= inv;
+        kv_from_domain(v, ai, out + (size_t)i * d);
+    }
+}
+
+void attn_group_ref(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out) {
+    const int d = k->d, len = k->len;
+    float *s = malloc((size_t)len * sizeof(float)), *x = malloc((size_t)d * sizeof(float));
+    for (int i = 0; i < nq; i++) {
+        const float *qi = q + (size_t)i * d;
+        float mx = -INFINITY, sum = 0;
+        for (int t = 0; t < len; t++) {
+            kv_stream_get(k, t, x);
+            float a = 0;
+            for (int j = 0; j < d; j++) a += qi[j] * x[j];
+            s[t] = a * scale;
+            mx = s[t] > mx ? s[t] : mx;
+        }
+        for (int t = 0; t < len; t++) sum += (s[t] = expf(s[t] - mx));
+        float *oi = out + (size_t)i * d;
+        memset(oi, 0, (size_t)d * sizeof(float));
+        for (int t = 0; t < len; t++) {
+            kv_stream_get(v, t, x);
+            for (int j = 0; j < d; j++) oi[j] += s[t] / sum * x[j];
+        }
+    }
+    free(s);
+    free(x);
+}

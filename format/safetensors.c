@@ -1,0 +1,316 @@
+/* safetensors.c: parse, validate and mmap safetensors files (see the header
+ * for the format and what is checked). */
+#include "format/safetensors.h"
+#include "format/json.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A header bigger than this is not a checkpoint header (real ones are < 1 MB). */
+#define ST_MAX_HEADER (100u << 20)
+
+static size_t dtype_bytes(const char *dt) {
+    static const struct { const char *name; size_t size; } table[] = {
+        {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
+        {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strcmp(table[i].name, dt) == 0) return table[i].size;
+    return 0;
+}
+
+static uint64_t hash_name(const char *s) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+static int add_tensor(TensorStore *ts, STensor *t, char *err, size_t errlen) {
+    if (st_find(ts, t->name)) {
+        snprintf(err, errlen, "%s: tensor '%s' appears twice", ts->files[t->file].path, t->name);
+        return -1;
+    }
+    /* keep the table at most half full */
+    if ((size_t)(ts->n_tensors + 1) * 2 > ts->n_buckets) {
+        size_t nb = ts->n_buckets ? ts->n_buckets * 2 : 256;
+        int *b = malloc(nb * sizeof(int));
+        if (!b) { snprintf(err, errlen, "out of memory"); return -1; }
+        for (size_t i = 0; i < nb; i++) b[i] = -1;
+        for (int i = 0; i < ts->n_tensors; i++) {
+            size_t k = hash_name(ts->tensors[i].name) & (nb - 1);
+            while (b[k] >= 0) k = (k + 1) & (nb - 1);
+            b[k] = i;
+        }
+        free(ts->buckets);
+        ts->buckets = b;
+        ts->n_buckets = nb;
+    }
+    STensor *nt = realloc(ts->tensors, (size_t)(ts->n_tensors + 1) * sizeof(STensor));
+    if (!nt) { snprintf(err, errlen, "out of memory"); return -1; }
+    ts->tensors = nt;
+    ts->tensors[ts->n_tensors] = *t;
+    size_t k = hash_name(t->name) & (ts->n_buckets - 1);
+    while (ts->buckets[k] >= 0) k = (k + 1) & (ts->n_buckets - 1);
+    ts->buckets[k] = ts->n_tensors++;
+    return 0;
+}
+
+const STensor *st_find(const TensorStore *ts, const char *name) {
+    if (!ts->n_buckets) return NULL;
+    size_t k = hash_name(name) & (ts->n_buckets - 1);
+    while (ts->buckets[k] >= 0) {
+        const STensor *t = &ts->tensors[ts->buckets[k]];
+        if (strcmp(t->name, name) == 0) return t;
+        k = (k + 1) & (ts->n_buckets - 1);
+    }
+    return NULL;
+}
+
+typedef struct { size_t begin, end; const char *name; } Span;
+
+static int cmp_span(const void *a, const void *b) {
+    const Span *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+}
+
+/* Parses one header entry into t (name already set); data is the start of the data section. */
+static int parse_entry(const char *path, const char *name, const Json *e, const uint8_t *data, size_t data_size,
+                       STensor *t, size_t *b_out, char *err, size_t errlen) {
+    const char *dt = json_get_str(e, "dtype");
+    const Json *shape = json_get(e, "shape"), *offs = json_get(e, "data_offsets");
+    if (!dt || !shape || shape->type != JSON_ARRAY || !offs || offs->type != JSON_ARRAY || offs->len != 2) {
+        snprintf(err, errlen, "%s: tensor '%s': expected {dtype, shape, data_offsets[2]} in the header", path, name);
+        return -1;
+    }
+    size_t es = dtype_bytes(dt);
+    if (!es || strlen(dt) >= sizeof t->dtype) {
+        snprintf(err, errlen, "%s: tensor '%s': unknown dtype '%.20s'", path, name, dt);
+        return -1;
+    }
+    strcpy(t->dtype, dt);
+    if (shape->len > ST_MAX_DIMS) {
+        snprintf(err, errlen, "%s: tensor '%s': expected at most %d dims, found %zu", path, name, ST_MAX_DIMS, shape->len);
+        return -1;
+    }
+    t->ndim = (int)shape->len;
+    size_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        const Json *s = json_at(shape, (size_t)i);
+        if (s->type != JSON_NUMBER || s->number < 0 || s->number > 1e15 || s->number != (double)(int64_t)s->number) {
+            snprintf(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, i);
+            return -1;
+        }
+        t->shape[i] = (int64_t)s->number;
+        if (t->shape[i] && numel > SIZE_MAX / (size_t)t->shape[i]) {
+            snprintf(err, errlen, "%s: tensor '%s': shape overflows", path, name);
+            return -1;
+        }
+        numel *= (size_t)t->shape[i];
+    }
+    double b = json_at(offs, 0)->type == JSON_NUMBER ? json_at(offs, 0)->number : -1;
+    double en = json_at(offs, 1)->type == JSON_NUMBER ? json_at(offs, 1)->number : -1;
+    if (b < 0 || en < b || en > (double)data_size || b != (double)(size_t)b || en != (double)(size_t)en) {
+        snprintf(err, errlen, "%s: tensor '%s': data_offsets [%.0f, %.0f) outside the data section of %zu bytes "
+                 "(truncated file?)", path, name, b, en, data_size);
+        return -1;
+    }
+    t->nbytes = (size_t)en - (size_t)b;
+    if (numel > SIZE_MAX / es || t->nbytes != numel * es) {
+        snprintf(err, errlen, "%s: tensor '%s': expected %zu bytes for its shape and dtype, data_offsets give %zu",
+                 path, name, numel * es, t->nbytes);
+        return -1;
+    }
+    t->data = data + (size_t)b;
+    *b_out = (size_t)b;
+    return 0;
+}
+
+static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return -1; }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(err, errlen, "%s: not a regular file", path);
+        return -1;
+    }
+    size_t size = (size_t)st.st_size;
+    if (size < 8) {
+        close(fd);
+        snprintf(err, errlen, "%s: expected at least 8 bytes (header length), found %zu", path, size);
+        return -1;
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) { snprintf(err, errlen, "%s: mmap failed: %s", path, strerror(errno)); return -1; }
+    STFile *nf = realloc(ts->files, (size_t)(ts->n_files + 1) * sizeof(STFile));
+    if (!nf) { munmap(map, size); snprintf(err, errlen, "out of memory"); return -1; }
+    ts->files = nf;
+    int fi = ts->n_files++;
+    ts->files[fi] = (STFile){strdup(path), map, size};
+
+    const uint8_t *bytes = map;
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | bytes[i];
+    if (hlen > size - 8 || hlen > ST_MAX_HEADER) {
+        snprintf(err, errlen, "%s: header length %llu exceeds the file (%zu bytes)", path, (unsigned long long)hlen, size);
+        return -1;
+    }
+    char perr[200];
+    Json *h = json_parse((const char *)bytes + 8, (size_t)hlen, perr, sizeof perr);
+    if (!h) { snprintf(err, errlen, "%s: malformed JSON header: %s", path, perr); return -1; }
+    if (h->type != JSON_OBJECT) {
+        json_free(h);
+        snprintf(err, errlen, "%s: expected a JSON object header, found %s", path, json_type_name(h->type));
+        return -1;
+    }
+    const uint8_t *data = bytes + 8 + hlen;
+    size_t data_size = size - 8 - (size_t)hlen;
+    Span *spans = calloc(h->len + 1, sizeof(Span));
+    int ns = 0, rc = 0;
+    for (size_t i = 0; i < h->len && rc == 0; i++) {
+        if (strcmp(h->keys[i], "__metadata__") == 0) continue;
+        STensor t = {0};
+        size_t b;
+        t.file = fi;
+        if (h->items[i].type != JSON_OBJECT || strlen(h->keys[i]) != h->key_lens[i]) {
+            snprintf(err, errlen, "%s: header entry '%.80s' is not a tensor description", path, h->keys[i]);
+            rc = -1;
+            break;
+        }
+        rc = parse_entry(path, h->keys[i], &h->items[i], data, data_size, &t, &b, err, errlen);
+        if (rc) break;
+        t.name = strdup(h->keys[i]);
+        /* Unaligned data would make 16/32-bit loads undefined: copy those once. */
+        size_t es = dtype_bytes(t.dtype);
+        if (((uintptr_t)t.data % es) != 0 && t.nbytes) {
+            void *c = aligned_alloc(64, (t.nbytes + 63) & ~(size_t)63);
+            void **nc = realloc(ts->copies, (size_t)(ts->n_copies + 1) * sizeof(void *));
+            if (!c || !nc) { free(c); free(t.name); snprintf(err, errlen, "out of memory"); rc = -1; break; }
+            ts->copies = nc;
+            memcpy(c, t.data, t.nbytes);
+            ts->copies[ts->n_copies++] = c;
+            t.data = c;
+        }
+        spans[ns++] = (Span){b, b + t.nbytes, t.name};
+        if ((rc = add_tensor(ts, &t, err, errlen))) { free(t.name); ns--; }
+    }
+    if (rc == 0) {
+        qsort(spans, (size_t)ns, sizeof(Span), cmp_span);
+        for (int i = 1; i < ns; i++)
+            if (spans[i].begin < spans[i - 1].end && spans[i].end > spans[i].begin) {
+                snprintf(err, errlen, "%s: tensors '%s' and '%s' overlap in the data section", path,
+                         spans[i - 1].name, spans[i].name);
+                rc = -1;
+                break;
+            }
+    }
+    free(spans);
+    json_free(h);
+    return rc;
+}
+
+int st_open_file(TensorStore *ts, const char *path, char *err, size_t errlen) {
+    memset(ts, 0, sizeof *ts);
+    if (open_one(ts, path, err, errlen)) { st_close(ts); return -1; }
+    return 0;
+}
+
+static char *join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static int open_index(TensorStore *ts, const char *dir, const char *index_path, char *err, size_t errlen) {
+    Json *idx = json_parse_file(index_path, err, errlen);
+    if (!idx) return -1;
+    const Json *wm = json_get(idx, "weight_map");
+    int rc = 0;
+    if (!wm || wm->type != JSON_OBJECT || wm->len == 0) {
+        snprintf(err, errlen, "%s: expected a non-empty object 'weight_map'", index_path);
+        rc = -1;
+    }
+    /* open every distinct shard once, in order of first mention */
+    for (size_t i = 0; rc == 0 && i < wm->len; i++) {
+        const Json *f = &wm->items[i];
+        if (f->type != JSON_STRING || f->len == 0 || strchr(f->str, '/') || strlen(f->str) != f->len) {
+            snprintf(err, errlen, "%s: weight_map['%.80s']: expected a file name in the same directory", index_path,
+                     wm->keys[i]);
+            rc = -1;
+            break;
+        }
+        int seen = 0;
+        for (int k = 0; k < ts->n_files && !seen; k++) {
+            const char *base = strrchr(ts->files[k].path, '/');
+            seen = strcmp(base ? base + 1 : ts->files[k].path, f->str) == 0;
+        }
+        if (seen) continue;
+        char *path = join(dir, f->str);
+        struct stat st;
+        if (stat(path, &st) != 0) {
+            snprintf(err, errlen, "%s: names shard '%s', which is missing", index_path, f->str);
+            rc = -1;
+        } else
+            rc = open_one(ts, path, err, errlen);
+        free(path);
+    }
+    /* every mapped tensor must be where the index says */
+    for (size_t i = 0; rc == 0 && i < wm->len; i++) {
+        const STensor *t = st_find(ts, wm->keys[i]);
+        const char *base = t ? strrchr(ts->files[t->file].path, '/') : NULL;
+        if (!t || strcmp(base ? base + 1 : ts->files[t->file].path, wm->items[i].str) != 0) {
+            snprintf(err, errlen, "%s: tensor '%s' should be in '%s' but is not there", index_path, wm->keys[i],
+                     wm->items[i].str);
+            rc = -1;
+        }
+    }
+    json_free(idx);
+    return rc;
+}
+
+int st_open_dir(TensorStore *ts, const char *dir, char *err, size_t errlen) {
+    memset(ts, 0, sizeof *ts);
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        snprintf(err, errlen, "%s: cannot open model directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "%s: expected a model directory, found a file", dir);
+        return -1;
+    }
+    char *single = join(dir, "model.safetensors"), *index = join(dir, "model.safetensors.index.json");
+    int rc;
+    if (stat(index, &st) == 0) rc = open_index(ts, dir, index, err, errlen);
+    else if (stat(single, &st) == 0) rc = open_one(ts, single, err, errlen);
+    else {
+        snprintf(err, errlen, "%s: expected model.safetensors or model.safetensors.index.json, found neither", dir);
+        rc = -1;
+    }
+    free(single);
+    free(index);
+    if (rc) st_close(ts);
+    return rc;
+}
+
+void st_close(TensorStore *ts) {
+    for (int i = 0; i < ts->n_tensors; i++) free(ts->tensors[i].name);
+    for (int i = 0; i < ts->n_files; i++) {
+        munmap(ts->files[i].map, ts->files[i].size);
+        free(ts->files[i].path);
+    }
+    for (int i = 0; i < ts->n_copies; i++) free(ts->copies[i]);
+    free(ts->tensors);
+    free(ts->files);
+    free(ts->copies);
+    free(ts->buckets);
+    memset(ts, 0, sizeof *ts);
+}

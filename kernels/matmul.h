@@ -1,0 +1,46 @@
+/* matmul.h: y = x W^T with weights used in place from the mmap'd checkpoint.
+ *
+ * Data flow: model/ calls matmul for every projection (q, k, v, o, gate, up,
+ * down, lm_head), for one token (decode) or a batch (prefill, verification).
+ *
+ *   x [n, in] f32 row-major      W [out, in] as stored (bf16 | f16 | f32)
+ *   y [n, out] f32:  y[i][o] = sum_j x[i][j] * W[o][j]
+ *
+ * Every y[i][o] is one dot product accumulated in the same order whatever n
+ * is and whatever tile it lands in, so a position's result does not depend
+ * on how the prompt was batched, nor on the thread count.
+ * matmul_ref is the plain C reference; matmul picks the fastest path the CPU
+ * supports at run time (AVX-512, AVX2+FMA, or the reference).
+ */
+#ifndef MATMUL_H
+#define MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { DT_F32, DT_F16, DT_BF16 } DType;
+
+static inline size_t dtype_size(DType t) { return t == DT_F32 ? 4 : 2; }
+
+/* A weight matrix [rows, cols] in place in memory. */
+typedef struct {
+    const void *data;
+    DType dtype;
+    int rows, cols;
+} Weight;
+
+void matmul_ref(float *y, const float *x, const Weight *w, int n);
+void matmul(float *y, const float *x, const Weight *w, int n);
+/* Reads row r of w into out[cols] as f32 (embedding lookup). */
+void weight_row(const Weight *w, int r, float *out);
+
+/* Which implementation matmul and the vec_* kernels use: "avx512", "avx2"
+ * or "ref". Chosen once from the CPU's features; the environment variable
+ * RUN_ISA=ref|avx2|avx512 forces a lower one (tests use it). */
+const char *kernels_isa(void);
+/* The same choice as a number: 0 ref, 1 avx2, 2 avx512. */
+int kernels_level(void);
+/* Forces the ISA ("ref", "avx2", "avx512"); returns 0, or -1 if the CPU lacks it. */
+int kernels_set_isa(const char *name);
+
+#endif

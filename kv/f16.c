@@ -1,0 +1,64 @@
+/* f16.c: IEEE half precision, llama.cpp's default KV type.
+ *
+ *   stream: | f16 x[d] | f16 x[d] | ...   2·d bytes per position
+ *
+ * Narrowing rounds to nearest even (kernels/half.h); scores and the value
+ * sum widen each half in registers (F16C), never into a float buffer.
+ */
+#include "kernels/vec.h"
+#include "kernels/half.h"
+#include "kv/kv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static double f16_bits(int d, const KVOpts *o) { (void)d; (void)o; return 16; }
+
+static int f16_check(int d, const KVOpts *o, char *err, size_t errlen) {
+    if (o->group || o->residual) {
+        snprintf(err, errlen, "f16: takes no options (found g/r)");
+        return -1;
+    }
+    (void)d;
+    return 0;
+}
+
+static int f16_init(KVStream *s, char *err, size_t errlen) {
+    s->data = malloc((size_t)s->cap * s->d * sizeof(uint16_t));
+    if (!s->data) { snprintf(err, errlen, "f16: out of memory for %d positions", s->cap); return -1; }
+    return 0;
+}
+
+static void f16_free(KVStream *s) { free(s->data); }
+
+static const uint16_t *row(const KVStream *s, int t) { return (const uint16_t *)s->data + (size_t)t * s->d; }
+
+static void f16_append(KVStream *s, const float *x) {
+    vec_f32_to_f16((uint16_t *)s->data + (size_t)s->len * s->d, x, s->d);
+}
+
+static void f16_truncate(KVStream *s, int n) { (void)s; (void)n; }
+
+static void f16_dequant(const KVStream *s, int t, float *out) {
+    const uint16_t *h = row(s, t);
+    for (int j = 0; j < s->d; j++) out[j] = f16_to_f32(h[j]);
+}
+
+static void f16_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    for (int t = t0; t < t1; t++)
+        for (int i = 0; i < nq; i++) out[(size_t)i * ldo + (t - t0)] = vec_dot_f16(row(s, t), q + (size_t)i * s->d, s->d);
+}
+
+static void f16_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    for (int t = t0; t < t1; t++)
+        for (int i = 0; i < nq; i++) vec_axpy_f16(acc + (size_t)i * s->d, p[(size_t)i * ldp + (t - t0)], row(s, t), s->d);
+}
+
+static size_t f16_bytes(const KVStream *s) { return (size_t)s->cap * s->d * sizeof(uint16_t); }
+
+const KVScheme kv_f16 = {
+    .name = "f16", .desc = "IEEE half (llama.cpp default)",
+    .bits = f16_bits, .check = f16_check, .init = f16_init, .free = f16_free,
+    .append = f16_append, .truncate = f16_truncate, .dequant = f16_dequant,
+    .score = f16_score, .accum = f16_accum, .bytes = f16_bytes,
+};

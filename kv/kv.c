@@ -1,0 +1,241 @@
+/* kv.c: scheme registry, "-kv" parsing, stream and cache bookkeeping, and
+ * the reference score/accumulate path that every fast path is tested against.
+ *
+ * Sits between attn/ (which calls kv_score / kv_accum) and the per-scheme
+ * files kv/<scheme>.c (which fill in a KVScheme). Adding a scheme means one
+ * file plus one line in kv_schemes[] below.
+ */
+#include "kv/kv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const KVScheme kv_f32, kv_f16;
+extern const KVScheme kv_q8, kv_q4;
+extern const KVScheme kv_kivi2, kv_kivi4;
+
+const KVScheme *const kv_schemes[] = {
+    &kv_f32,
+    &kv_f16,
+    &kv_q8,
+    &kv_q4,
+    &kv_kivi2,
+    &kv_kivi4,
+};
+const int kv_n_schemes = (int)(sizeof kv_schemes / sizeof kv_schemes[0]);
+
+const KVScheme *kv_find(const char *name) {
+    for (int i = 0; i < kv_n_schemes; i++)
+        if (strcmp(kv_schemes[i]->name, name) == 0) return kv_schemes[i];
+    return NULL;
+}
+
+/* One "name[:gN][:rN]" item of a -kv spec. */
+static int parse_one(const char *s, size_t n, const KVScheme **sc, KVOpts *o, char *err, size_t errlen) {
+    char buf[64];
+    if (n == 0 || n >= sizeof buf) {
+        snprintf(err, errlen, "-kv: expected a scheme name, found '%.*s'", (int)(n < 60 ? n : 60), s);
+        return -1;
+    }
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    memset(o, 0, sizeof *o);
+    char *save = NULL, *tok = strtok_r(buf, ":", &save);
+    *sc = tok ? kv_find(tok) : NULL;
+    if (!*sc) {
+        char names[512] = "";
+        for (int i = 0; i < kv_n_schemes; i++) {
+            strncat(names, kv_schemes[i]->name, sizeof names - strlen(names) - 1);
+            if (i + 1 < kv_n_schemes) strncat(names, " ", sizeof names - strlen(names) - 1);
+        }
+        snprintf(err, errlen, "-kv: unknown scheme '%s' (expected one of: %s)", tok ? tok : "", names);
+        return -1;
+    }
+    while ((tok = strtok_r(NULL, ":", &save))) {
+        char *end;
+        long v = strtol(tok + 1, &end, 10);
+        if ((tok[0] != 'g' && tok[0] != 'r') || *end || end == tok + 1 || v < 1 || v > 65536) {
+            snprintf(err, errlen, "-kv %s: expected option gN or rN (N in 1..65536), found '%s'", (*sc)->name, tok);
+            return -1;
+        }
+        if (tok[0] == 'g') o->group = (int)v;
+        else o->residual = (int)v;
+    }
+    return 0;
+}
+
+int kv_spec_parse(const char *s, KVSpec *spec, char *err, size_t errlen) {
+    const char *comma = strchr(s, ',');
+    if (!comma) {
+        if (parse_one(s, strlen(s), &spec->k, &spec->ko, err, errlen)) return -1;
+        spec->v = spec->k;
+        spec->vo = spec->ko;
+        return 0;
+    }
+    if (strchr(comma + 1, ',')) {
+        snprintf(err, errlen, "-kv: expected SCHEME or KSCHEME,VSCHEME, found '%s'", s);
+        return -1;
+    }
+    if (parse_one(s, (size_t)(comma - s), &spec->k, &spec->ko, err, errlen)) return -1;
+    return parse_one(comma + 1, strlen(comma + 1), &spec->v, &spec->vo, err, errlen);
+}
+
+static void one_name(const KVScheme *sc, const KVOpts *o, char *out, size_t n) {
+    int w = snprintf(out, n, "%s", sc->name);
+    if (o->group && w >= 0 && (size_t)w < n) w += snprintf(out + w, n - (size_t)w, ":g%d", o->group);
+    if (o->residual && w >= 0 && (size_t)w < n) snprintf(out + w, n - (size_t)w, ":r%d", o->residual);
+}
+
+void kv_spec_name(const KVSpec *spec, char *out, size_t n) {
+    char a[64], b[64];
+    one_name(spec->k, &spec->ko, a, sizeof a);
+    one_name(spec->v, &spec->vo, b, sizeof b);
+    if (strcmp(a, b) == 0) snprintf(out, n, "%s", a);
+    else snprintf(out, n, "%s,%s", a, b);
+}
+
+int kv_stream_init(KVStream *s, const KVScheme *sc, const KVOpts *o, int d, int cap, int layer, int role,
+                   char *err, size_t errlen) {
+    memset(s, 0, sizeof *s);
+    if (d < 1 || d > KV_MAX_DIM || cap < 1) {
+        snprintf(err, errlen, "%s: expected head_dim in 1..%d and capacity >= 1, found %d and %d", sc->name,
+                 KV_MAX_DIM, d, cap);
+        return -1;
+    }
+    if (sc->check(d, o, err, errlen)) return -1;
+    s->scheme = sc;
+    s->opts = *o;
+    s->d = d;
+    s->cap = cap;
+    s->layer = layer;
+    s->role = role;
+    return sc->init(s, err, errlen);
+}
+
+void kv_stream_free(KVStream *s) {
+    if (s->scheme) s->scheme->free(s);
+    memset(s, 0, sizeof *s);
+}
+
+void kv_stream_append(KVStream *s, const float *x) {
+    s->scheme->append(s, x);
+    s->len++;
+}
+
+int kv_stream_truncate(KVStream *s, int n) {
+    if (n < 0 || n > s->len || (n != 0 && n < s->len - KV_MAX_ROLLBACK)) return -1;
+    s->scheme->truncate(s, n);
+    s->len = n;
+    return 0;
+}
+
+void kv_to_domain(const KVStream *s, const float *x, float *y) {
+    if (s->scheme->to_domain) s->scheme->to_domain(s, x, y);
+    else if (y != x) memcpy(y, x, (size_t)s->d * sizeof(float));
+}
+
+void kv_from_domain(const KVStream *s, const float *y, float *x) {
+    if (s->scheme->from_domain) s->scheme->from_domain(s, y, x);
+    else if (y != x) memcpy(x, y, (size_t)s->d * sizeof(float));
+}
+
+void kv_stream_get(const KVStream *s, int t, float *out) {
+    float tmp[KV_MAX_DIM];
+    s->scheme->dequant(s, t, tmp);
+    kv_from_domain(s, tmp, out);
+}
+
+/* Reference score: dequantize each position, then a plain dot product. */
+void kv_score_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    float k[KV_MAX_DIM];
+    for (int t = t0; t < t1; t++) {
+        s->scheme->dequant(s, t, k);
+        for (int i = 0; i < nq; i++) {
+            const float *qi = q + (size_t)i * s->d;
+            float acc = 0;
+            for (int j = 0; j < s->d; j++) acc += qi[j] * k[j];
+            out[(size_t)i * ldo + (t - t0)] = acc;
+        }
+    }
+}
+
+void kv_accum_ref(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    float v[KV_MAX_DIM];
+    for (int t = t0; t < t1; t++) {
+        s->scheme->dequant(s, t, v);
+        for (int i = 0; i < nq; i++) {
+            float w = p[(size_t)i * ldp + (t - t0)];
+            float *ai = acc + (size_t)i * s->d;
+            for (int j = 0; j < s->d; j++) ai[j] += w * v[j];
+        }
+    }
+}
+
+void kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    if (s->scheme->score) s->scheme->score(s, q, nq, t0, t1, out, ldo);
+    else kv_score_ref(s, q, nq, t0, t1, out, ldo);
+}
+
+void kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    if (s->scheme->accum) s->scheme->accum(s, p, ldp, nq, t0, t1, acc);
+    else kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
+}
+
+int kv_cache_init(KVCache *c, const KVSpec *spec, int n_layers, int n_kv, int d, int cap,
+                  char *err, size_t errlen) {
+    memset(c, 0, sizeof *c);
+    c->spec = *spec;
+    c->n_layers = n_layers;
+    c->n_kv = n_kv;
+    c->d = d;
+    c->cap = cap;
+    size_t ns = (size_t)n_layers * (size_t)n_kv;
+    c->k = calloc(ns, sizeof(KVStream));
+    c->v = calloc(ns, sizeof(KVStream));
+    if (!c->k || !c->v) {
+        snprintf(err, errlen, "kv cache: out of memory for %zu streams", 2 * ns);
+        kv_cache_free(c);
+        return -1;
+    }
+    for (int l = 0; l < n_layers; l++)
+        for (int h = 0; h < n_kv; h++) {
+            char e[200];
+            if (kv_stream_init(kv_k(c, l, h), spec->k, &spec->ko, d, cap, l, 0, e, sizeof e) ||
+                kv_stream_init(kv_v(c, l, h), spec->v, &spec->vo, d, cap, l, 1, e, sizeof e)) {
+                snprintf(err, errlen, "kv cache (%d positions): %s", cap, e);
+                kv_cache_free(c);
+                return -1;
+            }
+        }
+    return 0;
+}
+
+void kv_cache_free(KVCache *c) {
+    size_t ns = (size_t)c->n_layers * (size_t)c->n_kv;
+    for (size_t i = 0; i < ns; i++) {
+        if (c->k) kv_stream_free(&c->k[i]);
+        if (c->v) kv_stream_free(&c->v[i]);
+    }
+    free(c->k);
+    free(c->v);
+    memset(c, 0, sizeof *c);
+}
+
+int kv_cache_len(const KVCache *c) { return c->k ? c->k[0].len : 0; }
+
+int kv_cache_truncate(KVCache *c, int n) {
+    size_t ns = (size_t)c->n_layers * (size_t)c->n_kv;
+    if (ns == 0 || n < 0 || n > c->k[0].len || (n != 0 && n < c->k[0].len - KV_MAX_ROLLBACK)) return -1;
+    for (size_t i = 0; i < ns; i++) {
+        kv_stream_truncate(&c->k[i], n);
+        kv_stream_truncate(&c->v[i], n);
+    }
+    return 0;
+}
+
+size_t kv_cache_bytes(const KVCache *c) {
+    size_t ns = (size_t)c->n_layers * (size_t)c->n_kv, b = 0;
+    for (size_t i = 0; i < ns; i++) b += c->k[i].scheme->bytes(&c->k[i]) + c->v[i].scheme->bytes(&c->v[i]);
+    return b;
+}

@@ -1,0 +1,140 @@
+/* kv.h: the KV cache and the one table every storage scheme fills in.
+ *
+ * Data flow: model/ projects k and v for a position, kv_stream_append stores
+ * them in the scheme's own compressed format, and attn/ reads them back only
+ * through the scheme's score / accumulate functions (or, as the reference
+ * path, its dequantize function). No float copy of the cache exists.
+ *
+ * Unit of storage is a stream: the sequence of one kv head's K (or V)
+ * vectors of one layer, positions 0..len-1, each of head_dim floats.
+ *
+ *   KVCache
+ *   └── layer l (n_layers)
+ *       ├── K streams [n_kv_heads]   scheme ks
+ *       └── V streams [n_kv_heads]   scheme vs
+ *   stream: | vec 0 | vec 1 | ... | vec cap-1 |   vec_bytes each (per-vector schemes)
+ *
+ * Schemes may work in a transformed "domain" (e.g. a Hadamard-rotated basis).
+ * dequant, score and accum all work in that domain; attention rotates the
+ * query into the K scheme's domain once (to_domain) and brings the output
+ * back from the V scheme's domain once (from_domain). Identity when NULL.
+ * The model follows ggml's type-traits idea: dequant is the mandatory
+ * reference, score/accum are optional fast paths tested against it.
+ */
+#ifndef KV_H
+#define KV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct KVStream KVStream;
+
+/* Deepest rollback a stream must support (speculative decoding drafts far
+ * fewer); kv_stream_truncate refuses deeper ones. */
+#define KV_MAX_ROLLBACK 64
+/* Largest head_dim a stream accepts (Qwen3 uses 128; 256 exists elsewhere). */
+#define KV_MAX_DIM 512
+
+/* Scheme options parsed from "-kv name:opt:opt", e.g. kivi2:g32:r128. */
+typedef struct {
+    int group;    /* KIVI group length G (0 = scheme default) */
+    int residual; /* KIVI residual window R (0 = scheme default) */
+} KVOpts;
+
+typedef struct KVScheme {
+    const char *name;
+    const char *desc; /* one line for -h and tables */
+    /* Bits per stored value for head dim d (incl. scales), for tables. */
+    double (*bits)(int d, const KVOpts *o);
+    /* 0 if the scheme can store vectors of head dim d; else -1 and one line in err. */
+    int (*check)(int d, const KVOpts *o, char *err, size_t errlen);
+    /* Allocates storage for cap positions. layer seeds per-layer transforms. */
+    int (*init)(KVStream *s, char *err, size_t errlen);
+    void (*free)(KVStream *s);
+    /* Stores one vector x[d] at position s->len (caller increments nothing). */
+    void (*append)(KVStream *s, const float *x);
+    /* Drops positions >= n, for len - KV_MAX_ROLLBACK <= n <= len. Appending
+     * afterwards must give the same stored state as if those positions had
+     * never been appended (schemes with a float window keep what they need). */
+    void (*truncate)(KVStream *s, int n);
+    /* Reference read: position t, in the scheme's domain, out[d]. */
+    void (*dequant)(const KVStream *s, int t, float *out);
+    /* Optional domain change for queries (K streams) and outputs (V streams):
+     * y[d] = R x, x[d] = R^T y. NULL means identity. */
+    void (*to_domain)(const KVStream *s, const float *x, float *y);
+    void (*from_domain)(const KVStream *s, const float *y, float *x);
+    /* Optional fast path: out[i*ldo + (t-t0)] = q_i . k_t for i < nq, t in [t0,t1),
+     * q[nq][d] already in the domain. */
+    void (*score)(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
+    /* Optional fast path: acc[i][d] += sum_t p[i*ldp + (t-t0)] * v_t, in the domain. */
+    void (*accum)(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc);
+    /* Bytes the stream holds for cap positions (what init allocated). */
+    size_t (*bytes)(const KVStream *s);
+} KVScheme;
+
+struct KVStream {
+    const KVScheme *scheme;
+    KVOpts opts;
+    int d;      /* head_dim */
+    int cap;    /* positions allocated */
+    int len;    /* positions stored */
+    int layer;  /* layer index, for per-layer transforms */
+    int role;   /* 0 = K stream, 1 = V stream */
+    uint8_t *data; /* scheme-owned storage */
+    void *aux;     /* scheme-owned extra state (windows, rotations) */
+};
+
+/* A K scheme and a V scheme with their options, parsed from "-kv". */
+typedef struct {
+    const KVScheme *k, *v;
+    KVOpts ko, vo;
+} KVSpec;
+
+typedef struct {
+    KVSpec spec;
+    int n_layers, n_kv, d, cap;
+    KVStream *k; /* [n_layers * n_kv] */
+    KVStream *v; /* [n_layers * n_kv] */
+} KVCache;
+
+/* The registry, in the order tables list them. */
+extern const KVScheme *const kv_schemes[];
+extern const int kv_n_schemes;
+const KVScheme *kv_find(const char *name);
+
+/* Parses "name[:opts]" or "kname[:opts],vname[:opts]". 0 ok, -1 + err line. */
+int kv_spec_parse(const char *s, KVSpec *spec, char *err, size_t errlen);
+/* Writes the canonical name of a spec ("q8", "q8,tbq4", "kivi2:g32:r128"). */
+void kv_spec_name(const KVSpec *spec, char *out, size_t n);
+
+/* role: 0 for a K stream, 1 for a V stream (schemes that store K and V
+ * differently, e.g. KIVI, read it from s->role). */
+int kv_stream_init(KVStream *s, const KVScheme *sc, const KVOpts *o, int d, int cap, int layer, int role,
+                   char *err, size_t errlen);
+void kv_stream_free(KVStream *s);
+void kv_stream_append(KVStream *s, const float *x);
+/* 0 ok; -1 when n is outside [len - KV_MAX_ROLLBACK, len]. n = 0 (reset) is
+ * always allowed. */
+int kv_stream_truncate(KVStream *s, int n);
+/* Reference reads through dequant: used by tests, kvstats and the generic
+ * attention path. kv_stream_get returns the ORIGINAL domain (un-rotated). */
+void kv_stream_get(const KVStream *s, int t, float *out);
+void kv_score_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
+void kv_accum_ref(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc);
+/* Dispatch: the scheme's fast path when it has one, else the reference. */
+void kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
+void kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc);
+void kv_to_domain(const KVStream *s, const float *x, float *y);
+void kv_from_domain(const KVStream *s, const float *y, float *x);
+
+int kv_cache_init(KVCache *c, const KVSpec *spec, int n_layers, int n_kv, int d, int cap,
+                  char *err, size_t errlen);
+void kv_cache_free(KVCache *c);
+/* Positions stored (all streams agree). */
+int kv_cache_len(const KVCache *c);
+int kv_cache_truncate(KVCache *c, int n);
+size_t kv_cache_bytes(const KVCache *c);
+static inline KVStream *kv_k(KVCache *c, int layer, int h) { return &c->k[layer * c->n_kv + h]; }
+static inline KVStream *kv_v(KVCache *c, int layer, int h) { return &c->v[layer * c->n_kv + h]; }
+
+#endif

@@ -1,0 +1,346 @@
+/* model.c: loading a Qwen3 checkpoint and its forward pass (see model.h).
+ *
+ * Follows the Hugging Face transformers Qwen3 modelling code, summarised in
+ * shared/specs/qwen3.md: pre-norm decoder layers, q/k RMSNorm per head before
+ * NeoX RoPE, GQA, SwiGLU MLP, final RMSNorm, tied or untied lm_head.
+ */
+#include "model/model.h"
+#include "attn/attn.h"
+#include "kernels/ops.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tokens per forward chunk: bounds scratch memory, long prompts loop. */
+#define MODEL_BATCH 128
+
+/* ---- loading ---- */
+
+static const char *tensor_file(const Model *m, const STensor *t) { return m->ts.files[t->file].path; }
+
+static int dtype_of(const Model *m, const STensor *t, DType *dt, char *err, size_t errlen) {
+    if (strcmp(t->dtype, "BF16") == 0) *dt = DT_BF16;
+    else if (strcmp(t->dtype, "F16") == 0) *dt = DT_F16;
+    else if (strcmp(t->dtype, "F32") == 0) *dt = DT_F32;
+    else {
+        snprintf(err, errlen, "%s: tensor '%s': dtype %s not supported (expected BF16, F16 or F32)",
+                 tensor_file(m, t), t->name, t->dtype);
+        return -1;
+    }
+    return 0;
+}
+
+/* Finds name and checks it is [rows, cols] (cols = 0: a vector [rows]). */
+static const STensor *find_checked(const Model *m, const char *name, int rows, int cols, char *err, size_t errlen) {
+    const STensor *t = st_find(&m->ts, name);
+    if (!t) {
+        snprintf(err, errlen, "%s: missing tensor '%s'", m->ts.files[0].path, name);
+        return NULL;
+    }
+    int ndim = cols ? 2 : 1;
+    if (t->ndim != ndim || t->shape[0] != rows || (cols && t->shape[1] != cols)) {
+        char found[96] = "[";
+        for (int i = 0; i < t->ndim; i++) {
+            size_t l = strlen(found);
+            snprintf(found + l, sizeof found - l, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        }
+        strncat(found, "]", sizeof found - strlen(found) - 1);
+        if (cols)
+            snprintf(err, errlen, "%s: tensor '%s': expected shape [%d, %d] from config.json, found %s",
+                     tensor_file(m, t), name, rows, cols, found);
+        else
+            snprintf(err, errlen, "%s: tensor '%s': expected shape [%d] from config.json, found %s", tensor_file(m, t),
+                     name, rows, found);
+        return NULL;
+    }
+    return t;
+}
+
+static int load_matrix(const Model *m, const char *name, int rows, int cols, Weight *w, char *err, size_t errlen) {
+    const STensor *t = find_checked(m, name, rows, cols, err, errlen);
+    if (!t || dtype_of(m, t, &w->dtype, err, errlen)) return -1;
+    w->data = t->data;
+    w->rows = rows;
+    w->cols = cols;
+    return 0;
+}
+
+/* Norm weights are tiny: widen them to f32 once. */
+static int load_vector(const Model *m, const char *name, int n, float **out, char *err, size_t errlen) {
+    Weight w;
+    const STensor *t = find_checked(m, name, n, 0, err, errlen);
+    if (!t || dtype_of(m, t, &w.dtype, err, errlen)) return -1;
+    w.data = t->data;
+    w.rows = 1;
+    w.cols = n;
+    *out = malloc((size_t)n * sizeof(float));
+    if (!*out) { snprintf(err, errlen, "out of memory"); return -1; }
+    weight_row(&w, 0, *out);
+    return 0;
+}
+
+static int load_layer(const Model *m, Layer *L, const char *prefix, char *err, size_t errlen) {
+    const Config *c = &m->cfg;
+    int H = c->hidden, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    char name[256];
+#define NAME(s) (snprintf(name, sizeof name, "%s%s", prefix, s), name)
+    if (load_vector(m, NAME("input_layernorm.weight"), H, &L->in_norm, err, errlen) ||
+        load_vector(m, NAME("post_attention_layernorm.weight"), H, &L->post_norm, err, errlen) ||
+        load_vector(m, NAME("self_attn.q_norm.weight"), hd, &L->q_norm, err, errlen) ||
+        load_vector(m, NAME("self_attn.k_norm.weight"), hd, &L->k_norm, err, errlen) ||
+        load_matrix(m, NAME("self_attn.q_proj.weight"), qd, H, &L->wq, err, errlen) ||
+        load_matrix(m, NAME("self_attn.k_proj.weight"), kvd, H, &L->wk, err, errlen) ||
+        load_matrix(m, NAME("self_attn.v_proj.weight"), kvd, H, &L->wv, err, errlen) ||
+        load_matrix(m, NAME("self_attn.o_proj.weight"), H, qd, &L->wo, err, errlen) ||
+        load_matrix(m, NAME("mlp.gate_proj.weight"), c->ffn, H, &L->wg, err, errlen) ||
+        load_matrix(m, NAME("mlp.up_proj.weight"), c->ffn, H, &L->wu, err, errlen) ||
+        load_matrix(m, NAME("mlp.down_proj.weight"), H, c->ffn, &L->wd, err, errlen))
+        return -1;
+#undef NAME
+    return 0;
+}
+
+static void free_layer(Layer *L) {
+    free(L->in_norm);
+    free(L->post_norm);
+    free(L->q_norm);
+    free(L->k_norm);
+}
+
+/* RoPE frequencies theta^(-2i/d), rescaled for linear or YaRN scaling
+ * (transformers' _compute_yarn_parameters). */
+static void rope_init(Model *m) {
+    const Config *c = &m->cfg;
+    int half = c->head_dim / 2, d = c->head_dim;
+    m->rope_mscale = 1;
+    for (int i = 0; i < half; i++) m->inv_freq[i] = pow(c->rope_theta, -2.0 * i / d);
+    if (c->rope_type == ROPE_LINEAR)
+        for (int i = 0; i < half; i++) m->inv_freq[i] /= c->rope_factor;
+    if (c->rope_type != ROPE_YARN) return;
+    /* dims whose wavelength fits the original context keep their frequency
+     * (extrapolation), long ones are interpolated by factor, a linear ramp between */
+    double lo = d * log(c->rope_orig_max_pos / (c->yarn_beta_fast * 2 * M_PI)) / (2 * log(c->rope_theta));
+    double hi = d * log(c->rope_orig_max_pos / (c->yarn_beta_slow * 2 * M_PI)) / (2 * log(c->rope_theta));
+    if (c->yarn_truncate) { lo = floor(lo); hi = ceil(hi); }
+    if (lo < 0) lo = 0;
+    if (hi > d - 1) hi = d - 1;
+    if (lo == hi) hi += 0.001;
+    for (int i = 0; i < half; i++) {
+        double ramp = (i - lo) / (hi - lo);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double extrap = 1 - ramp;
+        m->inv_freq[i] = m->inv_freq[i] / c->rope_factor * (1 - extrap) + m->inv_freq[i] * extrap;
+    }
+    m->rope_mscale = (float)c->yarn_attn_factor;
+}
+
+static int scratch_init(Model *m, char *err, size_t errlen) {
+    const Config *c = &m->cfg;
+    Scratch *s = &m->s;
+    size_t cap = MODEL_BATCH, H = (size_t)c->hidden, qd = (size_t)c->n_heads * c->head_dim;
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, I = (size_t)c->ffn, half = (size_t)c->head_dim / 2;
+    s->cap = MODEL_BATCH;
+    s->threads = omp_get_max_threads();
+    s->x = malloc(cap * H * sizeof(float));
+    s->xb = malloc(cap * H * sizeof(float));
+    s->q = malloc(cap * qd * sizeof(float));
+    s->k = malloc(cap * kvd * sizeof(float));
+    s->v = malloc(cap * kvd * sizeof(float));
+    s->att = malloc(cap * qd * sizeof(float));
+    s->hb = malloc(cap * I * sizeof(float));
+    s->hb2 = malloc(cap * I * sizeof(float));
+    s->rope_cs = malloc(cap * half * sizeof(float));
+    s->rope_sn = malloc(cap * half * sizeof(float));
+    s->attn_scratch = malloc((size_t)s->threads * attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim) *
+                             sizeof(float));
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->rope_cs || !s->rope_sn ||
+        !s->attn_scratch) {
+        snprintf(err, errlen, "out of memory for activations");
+        return -1;
+    }
+    return 0;
+}
+
+static void scratch_free(Scratch *s) {
+    free(s->x);
+    free(s->xb);
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->att);
+    free(s->hb);
+    free(s->hb2);
+    free(s->rope_cs);
+    free(s->rope_sn);
+    free(s->attn_scratch);
+}
+
+static int load_mtp(Model *m, char *err, size_t errlen) {
+    int H = m->cfg.hidden;
+    if (m->cfg.mtp_layers != 1) {
+        snprintf(err, errlen, "config.json: expected 0 or 1 MTP layers, found %d", m->cfg.mtp_layers);
+        return -1;
+    }
+    if (load_matrix(m, "mtp.fc.weight", H, 2 * H, &m->mtp_fc, err, errlen) ||
+        load_vector(m, "mtp.pre_fc_norm_embedding.weight", H, &m->mtp_norm_emb, err, errlen) ||
+        load_vector(m, "mtp.pre_fc_norm_hidden.weight", H, &m->mtp_norm_hid, err, errlen) ||
+        load_vector(m, "mtp.norm.weight", H, &m->mtp_norm, err, errlen) ||
+        load_layer(m, &m->mtp_layer, "mtp.layers.0.", err, errlen))
+        return -1;
+    m->has_mtp = 1;
+    return 0;
+}
+
+int model_load(Model *m, const char *dir, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    if (config_load(&m->cfg, dir, err, errlen) || st_open_dir(&m->ts, dir, err, errlen)) return -1;
+    const Config *c = &m->cfg;
+    int H = c->hidden, V = c->vocab_size;
+    m->layers = calloc((size_t)c->n_layers, sizeof(Layer));
+    m->inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(double));
+    if (!m->layers || !m->inv_freq) { snprintf(err, errlen, "out of memory"); goto fail; }
+    if (load_matrix(m, "model.embed_tokens.weight", V, H, &m->embed, err, errlen) ||
+        load_vector(m, "model.norm.weight", H, &m->final_norm, err, errlen))
+        goto fail;
+    /* A tied checkpoint may still ship lm_head.weight: the embedding wins. */
+    if (c->tie_embeddings) m->lm_head = m->embed;
+    else if (load_matrix(m, "lm_head.weight", V, H, &m->lm_head, err, errlen)) goto fail;
+    for (int l = 0; l < c->n_layers; l++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        if (load_layer(m, &m->layers[l], prefix, err, errlen)) goto fail;
+    }
+    if (c->mtp_layers > 0 && load_mtp(m, err, errlen)) goto fail;
+    rope_init(m);
+    if (scratch_init(m, err, errlen)) goto fail;
+    return 0;
+fail:
+    model_free(m);
+    return -1;
+}
+
+void model_free(Model *m) {
+    if (m->layers)
+        for (int l = 0; l < m->cfg.n_layers; l++) free_layer(&m->layers[l]);
+    free(m->layers);
+    free(m->final_norm);
+    free(m->inv_freq);
+    free(m->mtp_norm_emb);
+    free(m->mtp_norm_hid);
+    free(m->mtp_norm);
+    free_layer(&m->mtp_layer);
+    scratch_free(&m->s);
+    st_close(&m->ts);
+    memset(m, 0, sizeof *m);
+}
+
+int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen) {
+    const Config *c = &m->cfg;
+    return kv_cache_init(kv, spec, mtp ? 1 : c->n_layers, c->n_kv_heads, c->head_dim, ctx, err, errlen);
+}
+
+/* ---- forward ---- */
+
+/* cos/sin tables for positions pos..pos+n-1; angles in double so that long
+ * contexts do not lose the phase. */
+static void rope_tables(Model *m, int pos, int n) {
+    int half = m->cfg.head_dim / 2;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < half; j++) {
+            double a = (double)(pos + i) * m->inv_freq[j];
+            m->s.rope_cs[i * half + j] = (float)cos(a) * m->rope_mscale;
+            m->s.rope_sn[i * half + j] = (float)sin(a) * m->rope_mscale;
+        }
+}
+
+/* One decoder layer on x [n, H] in place; its K/V go to layer cl of kv. */
+static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
+    const Config *c = &m->cfg;
+    Scratch *s = &m->s;
+    const int H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, grp = nh / nkv;
+    const int qd = nh * hd, kvd = nkv * hd, half = hd / 2;
+    const float eps = (float)c->eps, scale = 1.0f / sqrtf((float)hd);
+
+    for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, L->in_norm, H, eps);
+    matmul(s->q, s->xb, &L->wq, n);
+    matmul(s->k, s->xb, &L->wk, n);
+    matmul(s->v, s->xb, &L->wv, n);
+    /* per-head q/k RMSNorm, then RoPE at each token's position */
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *cs = s->rope_cs + (size_t)i * half, *sn = s->rope_sn + (size_t)i * half;
+        for (int h = 0; h < nh; h++) {
+            float *q = s->q + (size_t)i * qd + (size_t)h * hd;
+            rmsnorm(q, q, L->q_norm, hd, eps);
+            rope(q, cs, sn, hd);
+        }
+        for (int h = 0; h < nkv; h++) {
+            float *k = s->k + (size_t)i * kvd + (size_t)h * hd;
+            rmsnorm(k, k, L->k_norm, hd, eps);
+            rope(k, cs, sn, hd);
+        }
+    }
+    /* Each kv head is an independent stream: one thread appends position i
+     * and immediately attends from it, exactly as decode would. */
+    size_t per = attn_scratch_floats(grp, hd);
+#pragma omp parallel for schedule(static)
+    for (int h = 0; h < nkv; h++) {
+        float *scr = s->attn_scratch + (size_t)omp_get_thread_num() * per;
+        KVStream *ks = kv_k(kv, cl, h), *vs = kv_v(kv, cl, h);
+        for (int i = 0; i < n; i++) {
+            kv_stream_append(ks, s->k + (size_t)i * kvd + (size_t)h * hd);
+            kv_stream_append(vs, s->v + (size_t)i * kvd + (size_t)h * hd);
+            size_t qo = (size_t)i * qd + (size_t)h * grp * hd;
+            attn_group(ks, vs, s->q + qo, grp, scale, s->att + qo, scr);
+        }
+    }
+    matmul(s->xb, s->att, &L->wo, n);
+    for (size_t j = 0; j < (size_t)n * H; j++) s->x[j] += s->xb[j];
+    for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, L->post_norm, H, eps);
+    matmul(s->hb, s->xb, &L->wg, n);
+    matmul(s->hb2, s->xb, &L->wu, n);
+    swiglu(s->hb, s->hb2, n * c->ffn);
+    matmul(s->xb, s->hb, &L->wd, n);
+    for (size_t j = 0; j < (size_t)n * H; j++) s->x[j] += s->xb[j];
+}
+
+/* One chunk of at most MODEL_BATCH tokens at positions pos..pos+n-1. */
+static void forward_chunk(Model *m, KVCache *kv, const int *tokens, int n, int pos, float *logits, int all_logits,
+                          float *hidden) {
+    const Config *c = &m->cfg;
+    Scratch *s = &m->s;
+    const int H = c->hidden;
+    for (int i = 0; i < n; i++) weight_row(&m->embed, tokens[i], s->x + (size_t)i * H);
+    rope_tables(m, pos, n);
+    for (int l = 0; l < c->n_layers; l++) layer_forward(m, &m->layers[l], kv, l, n);
+    for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, m->final_norm, H, (float)c->eps);
+    if (hidden) memcpy(hidden, s->xb, (size_t)n * H * sizeof(float));
+    if (logits && all_logits) matmul(logits, s->xb, &m->lm_head, n);
+    else if (logits) matmul(logits, s->xb + (size_t)(n - 1) * H, &m->lm_head, 1);
+}
+
+int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
+                  char *err, size_t errlen) {
+    const Config *c = &m->cfg;
+    int pos = kv_cache_len(kv);
+    if (n < 1) { snprintf(err, errlen, "model_forward: expected at least one token"); return -1; }
+    if (pos + n > kv->cap) {
+        snprintf(err, errlen, "context full: %d cached + %d new tokens exceed the context of %d (raise -c)", pos, n,
+                 kv->cap);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size) {
+            snprintf(err, errlen, "token id %d at position %d: expected 0..%d", tokens[i], pos + i, c->vocab_size - 1);
+            return -1;
+        }
+    for (int off = 0; off < n; off += m->s.cap) {
+        int nb = n - off < m->s.cap ? n - off : m->s.cap, last = off + nb == n;
+        float *lg = logits && (all_logits || last) ? logits + (all_logits ? (size_t)off * c->vocab_size : 0) : NULL;
+        forward_chunk(m, kv, tokens + off, nb, pos + off, lg, all_logits, hidden ? hidden + (size_t)off * c->hidden : NULL);
+    }
+    return 0;
+}

@@ -1,0 +1,73 @@
+/* model.h: a Qwen3 checkpoint in memory and its forward pass.
+ *
+ * Data flow: run.c loads a model directory here (config -> tensors, checked
+ * by name and shape, used in place from the mmap), then calls model_forward
+ * with n tokens at positions [p, p+n) where p is the cache length. Prefill,
+ * decode and speculative verification are all that one call: matmuls run on
+ * the whole batch, attention walks the batch one position at a time through
+ * attn/ and the kv/ scheme, so batching never changes a result.
+ *
+ *   tokens [n] -> x [n, H] -> layers -> RMSNorm -> hidden [n, H] -> logits [n, V]
+ *
+ * The MTP module (mtp.* tensors, Qwen3.5/Next layout) is loaded and its
+ * shapes checked when the config announces it.
+ */
+#ifndef MODEL_H
+#define MODEL_H
+
+#include "kernels/matmul.h"
+#include "kv/kv.h"
+#include "format/safetensors.h"
+#include "model/config.h"
+
+typedef struct {
+    float *in_norm, *post_norm;   /* [H] */
+    float *q_norm, *k_norm;       /* [head_dim], shared by all heads */
+    Weight wq, wk, wv, wo;        /* [nH*hd, H], [nKV*hd, H] x2, [H, nH*hd] */
+    Weight wg, wu, wd;            /* [I, H] x2, [H, I] */
+} Layer;
+
+/* Scratch for one forward call of up to cap tokens. */
+typedef struct {
+    int cap;
+    float *x, *xb;        /* [cap, H] residual stream, normed copy */
+    float *q, *k, *v;     /* [cap, nH*hd], [cap, nKV*hd] x2 */
+    float *att;           /* [cap, nH*hd] attention output */
+    float *hb, *hb2;      /* [cap, I] MLP gate and up */
+    float *rope_cs, *rope_sn; /* [cap, hd/2] cos and sin per position */
+    float *attn_scratch;  /* [threads, attn_scratch_floats(group, hd)] */
+    int threads;
+} Scratch;
+
+typedef struct {
+    Config cfg;
+    TensorStore ts;
+    Weight embed;          /* [V, H] */
+    Weight lm_head;        /* [V, H]: embed when tied */
+    float *final_norm;     /* [H] */
+    Layer *layers;         /* [n_layers] */
+    double *inv_freq;      /* [hd/2] RoPE frequencies after scaling */
+    float rope_mscale;     /* YaRN attention factor applied to cos/sin */
+    /* MTP module, when present */
+    int has_mtp;
+    Weight mtp_fc;         /* [H, 2H] */
+    float *mtp_norm_emb, *mtp_norm_hid, *mtp_norm; /* [H] each */
+    Layer mtp_layer;
+    Scratch s;
+} Model;
+
+/* Loads dir (config.json + safetensors). 0 ok, -1 with one line in err. */
+int model_load(Model *m, const char *dir, char *err, size_t errlen);
+void model_free(Model *m);
+
+/* Opens a KV cache shaped for this model (n_layers; 1 layer for MTP). */
+int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen);
+
+/* Runs tokens[0..n) at positions [p, p+n), p = kv_cache_len(kv), appending
+ * their K/V. logits: NULL, or [n, V] when all_logits, else [V] of the last
+ * token. hidden: NULL or [n, H] post-final-norm states (the MTP input).
+ * 0 ok; -1 with err on a bad token id or a full context. */
+int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits, int all_logits,
+                  float *hidden, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,251 @@
+/* test_kv.c: the properties every KV scheme must have, run over the whole
+ * registry. A new scheme adds one line to `expect` below and gets them all:
+ * round-trip error, fast score/accumulate vs the dequantize reference,
+ * attention vs f32 attention, exact storage size, truncate/append
+ * equivalence, and prefill-vs-decode independence of attention output.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/attn.h"
+#include "kv/kv.h"
+
+/* Per scheme: max relative L2 round-trip error on Gaussian vectors, max
+ * relative error of attention output vs f32 attention, and bytes one stored
+ * vector of d = 128 takes (amortised over cap positions). */
+typedef struct {
+    const char *name;
+    double rt_err, attn_err, bytes128;
+} Expect;
+
+static const Expect expect[] = {
+    {"f32", 0, 1e-5, 512},
+    {"f16", 1e-3, 2e-3, 256},
+    {"q8", 7e-3, 1.06e-2, 136},   /* measured 0.00537 / 0.00812 (max over d), x1.3 */
+    {"q4", 0.113, 0.171, 72},      /* measured 0.0863 / 0.131 */
+    /* kivi: 4096 x (4·128/32 + 128·b/8) quantized + (128 + 64) x 128 x 4 f32 ring,
+     * over 4096 positions: 48 + 24 = 72 (kivi2), 80 + 24 = 104 (kivi4) bytes */
+    {"kivi2", 0.475, 0.93, 72},    /* measured 0.365 / 0.713 */
+    {"kivi4", 0.0965, 0.136, 104}, /* measured 0.0742 / 0.104 */
+};
+
+static const Expect *find_expect(const char *name) {
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)
+        if (strcmp(expect[i].name, name) == 0) return &expect[i];
+    return NULL;
+}
+
+/* Deterministic Gaussian numbers (xorshift + Box-Muller). */
+static unsigned long long rng_state = 88172645463325252ULL;
+static double urand(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
+}
+static float grand(void) { return (float)(sqrt(-2 * log(urand())) * cos(6.283185307179586 * urand())); }
+static void fill(float *x, int n) { for (int i = 0; i < n; i++) x[i] = grand(); }
+
+static const int dims[] = {32, 64, 128, 256};
+
+/* Opens a stream (role 0 = K, 1 = V) if the scheme serves head dim d; 0 when it refuses. */
+static int open_stream_as(KVStream *s, const KVScheme *sc, int d, int cap, int role) {
+    KVOpts o = {0, 0};
+    char err[256];
+    if (sc->check(d, &o, err, sizeof err)) {
+        cr_expect(strlen(err) > 0, "%s d=%d refused without a message", sc->name, d);
+        return 0;
+    }
+    cr_assert_eq(kv_stream_init(s, sc, &o, d, cap, 0, role, err, sizeof err), 0, "%s: %s", sc->name, err);
+    return 1;
+}
+
+static int open_stream(KVStream *s, const KVScheme *sc, int d, int cap) { return open_stream_as(s, sc, d, cap, 0); }
+
+Test(kv, every_scheme_has_expectations) {
+    for (int i = 0; i < kv_n_schemes; i++)
+        cr_expect(find_expect(kv_schemes[i]->name) != NULL, "scheme %s has no line in test_kv.c", kv_schemes[i]->name);
+}
+
+Test(kv, round_trip_error) {
+    for (int si = 0; si < kv_n_schemes; si++)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            const KVScheme *sc = kv_schemes[si];
+            const Expect *e = find_expect(sc->name);
+            int d = dims[di], n = 300;
+            KVStream s;
+            if (!e || !open_stream(&s, sc, d, n)) continue;
+            float *x = malloc(sizeof(float) * n * d), y[KV_MAX_DIM];
+            fill(x, n * d);
+            for (int t = 0; t < n; t++) kv_stream_append(&s, x + t * d);
+            double num = 0, den = 0;
+            for (int t = 0; t < n; t++) {
+                kv_stream_get(&s, t, y);
+                for (int j = 0; j < d; j++) {
+                    num += (y[j] - x[t * d + j]) * (y[j] - x[t * d + j]);
+                    den += x[t * d + j] * x[t * d + j];
+                }
+            }
+            cr_expect(sqrt(num / den) <= e->rt_err, "%s d=%d: round-trip rel err %g > %g", sc->name, d,
+                      sqrt(num / den), e->rt_err);
+            kv_stream_free(&s);
+            free(x);
+        }
+}
+
+Test(kv, fast_paths_match_reference) {
+    for (int si = 0; si < kv_n_schemes; si++)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            const KVScheme *sc = kv_schemes[si];
+            int d = dims[di], n = 333, nq = 3;
+            KVStream s;
+            if (!open_stream(&s, sc, d, n)) continue;
+            float *x = malloc(sizeof(float) * n * d), q[3 * KV_MAX_DIM], qd[3 * KV_MAX_DIM];
+            fill(x, n * d);
+            fill(q, nq * d);
+            for (int t = 0; t < n; t++) kv_stream_append(&s, x + t * d);
+            for (int i = 0; i < nq; i++) kv_to_domain(&s, q + i * d, qd + i * d);
+            float *a = malloc(sizeof(float) * nq * n), *b = malloc(sizeof(float) * nq * n);
+            kv_score(&s, qd, nq, 5, n, a, n);
+            kv_score_ref(&s, qd, nq, 5, n, b, n);
+            for (int i = 0; i < nq; i++)
+                for (int t = 0; t < n - 5; t++)
+                    cr_expect(fabsf(a[i * n + t] - b[i * n + t]) <= 1e-5f * (1 + fabsf(b[i * n + t])) * sqrtf((float)d),
+                              "%s d=%d score t=%d: %g vs %g", sc->name, d, t + 5, a[i * n + t], b[i * n + t]);
+            float accf[3 * KV_MAX_DIM] = {0}, accr[3 * KV_MAX_DIM] = {0};
+            for (int i = 0; i < nq * n; i++) a[i] = (float)urand();
+            kv_accum(&s, a, n, nq, 2, n - 1, accf);
+            kv_accum_ref(&s, a, n, nq, 2, n - 1, accr);
+            for (int j = 0; j < nq * d; j++)
+                cr_expect(fabsf(accf[j] - accr[j]) <= 1e-5f * (fabsf(accr[j]) + 1) * 10,
+                          "%s d=%d accum j=%d: %g vs %g", sc->name, d, j, accf[j], accr[j]);
+            kv_stream_free(&s);
+            free(x);
+            free(a);
+            free(b);
+        }
+}
+
+Test(kv, attention_close_to_f32) {
+    const KVScheme *f32 = kv_find("f32");
+    cr_assert(f32);
+    for (int si = 0; si < kv_n_schemes; si++)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            const KVScheme *sc = kv_schemes[si];
+            const Expect *e = find_expect(sc->name);
+            int d = dims[di], n = 500, nq = 2;
+            KVStream k, v, k0, v0;
+            if (!e || !open_stream(&k, sc, d, n)) continue;
+            open_stream_as(&v, sc, d, n, 1);
+            open_stream(&k0, f32, d, n);
+            open_stream_as(&v0, f32, d, n, 1);
+            float x[KV_MAX_DIM], q[2 * KV_MAX_DIM], o[2 * KV_MAX_DIM], o0[2 * KV_MAX_DIM];
+            for (int t = 0; t < n; t++) {
+                fill(x, d);
+                kv_stream_append(&k, x);
+                kv_stream_append(&k0, x);
+                fill(x, d);
+                kv_stream_append(&v, x);
+                kv_stream_append(&v0, x);
+            }
+            fill(q, nq * d);
+            float *scratch = malloc(sizeof(float) * attn_scratch_floats(nq, d));
+            float scale = 1.0f / sqrtf((float)d);
+            attn_group(&k, &v, q, nq, scale, o, scratch);
+            attn_group(&k0, &v0, q, nq, scale, o0, scratch);
+            double num = 0, den = 0;
+            for (int j = 0; j < nq * d; j++) {
+                num += (o[j] - o0[j]) * (o[j] - o0[j]);
+                den += o0[j] * o0[j];
+            }
+            cr_expect(sqrt(num / den) <= e->attn_err, "%s d=%d: attention rel err %g > %g", sc->name, d,
+                      sqrt(num / den), e->attn_err);
+            /* the online-softmax path against the plain one on the same cache */
+            attn_group_ref(&k, &v, q, nq, scale, o0);
+            for (int j = 0; j < nq * d; j++)
+                cr_expect(fabsf(o[j] - o0[j]) <= 1e-5f * (1 + fabsf(o0[j])), "%s d=%d attn vs ref j=%d: %g vs %g",
+                          sc->name, d, j, o[j], o0[j]);
+            free(scratch);
+            kv_stream_free(&k);
+            kv_stream_free(&v);
+            kv_stream_free(&k0);
+            kv_stream_free(&v0);
+        }
+}
+
+Test(kv, bytes_per_vector) {
+    for (int si = 0; si < kv_n_schemes; si++) {
+        const KVScheme *sc = kv_schemes[si];
+        const Expect *e = find_expect(sc->name);
+        KVStream s;
+        int cap = 4096;
+        if (!e || !open_stream(&s, sc, 128, cap)) continue;
+        double per = (double)sc->bytes(&s) / cap;
+        cr_expect(fabs(per - e->bytes128) < 1e-9, "%s: %g bytes per vector, expected %g", sc->name, per, e->bytes128);
+        KVOpts o = {0, 0};
+        cr_expect(fabs(sc->bits(128, &o) - e->bytes128 * 8 / 128) < 0.01, "%s: bits %g vs bytes %g", sc->name,
+                  sc->bits(128, &o), e->bytes128);
+        kv_stream_free(&s);
+    }
+}
+
+/* Append n1, truncate to n0, append the rest of a second sequence: every
+ * stored position must equal the cache that never saw the removed ones. */
+Test(kv, truncate_then_append_equals_fresh) {
+    const int n0s[] = {0, 1, 31, 32, 33, 127, 128, 129, 200, 255, 256, 257};
+    for (int si = 0; si < kv_n_schemes; si++)
+        for (size_t ni = 0; ni < sizeof n0s / sizeof n0s[0]; ni++) {
+            const KVScheme *sc = kv_schemes[si];
+            int d = 64, n0 = n0s[ni], extra = 1 + (int)(ni * 7) % KV_MAX_ROLLBACK, total = n0 + 150;
+            KVStream a, b;
+            if (!open_stream(&a, sc, d, total + extra) || !open_stream(&b, sc, d, total + extra)) continue;
+            float *x = malloc(sizeof(float) * (total + extra) * d), *junk = malloc(sizeof(float) * extra * d);
+            fill(x, (total + extra) * d);
+            fill(junk, extra * d);
+            for (int t = 0; t < n0; t++) kv_stream_append(&a, x + t * d);
+            for (int t = 0; t < extra; t++) kv_stream_append(&a, junk + t * d);
+            cr_assert_eq(kv_stream_truncate(&a, n0), 0, "%s: truncate %d -> %d refused", sc->name, n0 + extra, n0);
+            for (int t = n0; t < total; t++) kv_stream_append(&a, x + t * d);
+            for (int t = 0; t < total; t++) kv_stream_append(&b, x + t * d);
+            float ya[KV_MAX_DIM], yb[KV_MAX_DIM];
+            for (int t = 0; t < total; t++) {
+                sc->dequant(&a, t, ya);
+                sc->dequant(&b, t, yb);
+                cr_expect(memcmp(ya, yb, sizeof(float) * d) == 0, "%s: n0=%d extra=%d differs at t=%d", sc->name, n0,
+                          extra, t);
+            }
+            kv_stream_free(&a);
+            kv_stream_free(&b);
+            free(x);
+            free(junk);
+        }
+}
+
+Test(kv, truncate_refuses_deep_rollback) {
+    KVStream s;
+    open_stream(&s, kv_find("f32"), 32, 200);
+    float x[32] = {0};
+    for (int t = 0; t < 150; t++) kv_stream_append(&s, x);
+    cr_expect_eq(kv_stream_truncate(&s, 150 - KV_MAX_ROLLBACK - 1), -1);
+    cr_expect_eq(kv_stream_truncate(&s, 151), -1);
+    cr_expect_eq(kv_stream_truncate(&s, 0), 0);
+    kv_stream_free(&s);
+}
+
+Test(kv, spec_parse) {
+    KVSpec sp;
+    char err[256], name[64];
+    cr_assert_eq(kv_spec_parse("f16", &sp, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(sp.k, kv_find("f16"));
+    cr_expect_eq(sp.v, kv_find("f16"));
+    cr_assert_eq(kv_spec_parse("f32,f16", &sp, err, sizeof err), 0, "%s", err);
+    kv_spec_name(&sp, name, sizeof name);
+    cr_expect_str_eq(name, "f32,f16");
+    cr_expect_eq(kv_spec_parse("nope", &sp, err, sizeof err), -1);
+    cr_expect(strstr(err, "unknown scheme 'nope'") != NULL, "%s", err);
+    cr_expect_eq(kv_spec_parse("f16,", &sp, err, sizeof err), -1);
+    cr_expect_eq(kv_spec_parse("f16,f16,f16", &sp, err, sizeof err), -1);
+    cr_expect_eq(kv_spec_parse("f16:x3", &sp, err, sizeof err), -1);
+}

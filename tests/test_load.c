@@ -1,0 +1,329 @@
+/* test_load.c: hostile checkpoints. Each case copies the tiny fixture into a
+ * temporary directory, breaks one thing, runs the real binary ($RUN_BIN) and
+ * expects exit code 1 with one stderr line naming what is wrong. A seeded
+ * fuzzer then mutates safetensors headers and config files at random and
+ * loads them in-process: any outcome but a crash is fine (make test-asan
+ * runs this under AddressSanitizer and UBSan). */
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "model/model.h"
+
+static char tmp[256];
+
+static void setup(void) {
+    snprintf(tmp, sizeof tmp, "/tmp/run_test_load_XXXXXX");
+    cr_assert(mkdtemp(tmp), "mkdtemp failed");
+}
+
+static void teardown(void) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    cr_expect_eq(system(cmd), 0);
+}
+
+static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sh(const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    cr_assert_eq(system(cmd), 0, "command failed: %s", cmd);
+}
+
+/* Copies a fixture to tmp/m and returns that path. */
+static const char *copy_fixture(const char *name) {
+    static char dir[300];
+    snprintf(dir, sizeof dir, "%s/m", tmp);
+    sh("cp -r tests/data/fixtures/%s '%s' && chmod -R u+w '%s'", name, dir, dir);
+    return dir;
+}
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)len + 1);
+    cr_assert_eq(fread(b, 1, (size_t)len, f), (size_t)len);
+    b[len] = 0;
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+
+static void spit(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    cr_assert_eq(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+/* Replaces the first occurrence of `from` with `to` in a text file. */
+static void replace_in(const char *path, const char *from, const char *to) {
+    size_t n;
+    char *b = slurp(path, &n), *p = strstr(b, from);
+    cr_assert(p, "'%s' not found in %s", from, path);
+    FILE *f = fopen(path, "wb");
+    fwrite(b, 1, (size_t)(p - b), f);
+    fputs(to, f);
+    fputs(p + strlen(from), f);
+    fclose(f);
+    free(b);
+}
+
+/* Rewrites a safetensors header with `from` replaced by `to`; offsets are
+ * relative to the data section, so a longer or shorter header stays valid. */
+static void patch_header(const char *path, const char *from, const char *to) {
+    size_t n;
+    unsigned char *b = (unsigned char *)slurp(path, &n);
+    unsigned long long h = 0;
+    for (int i = 7; i >= 0; i--) h = (h << 8) | b[i];
+    char *hdr = strndup((char *)b + 8, h), *p = strstr(hdr, from);
+    cr_assert(p, "'%s' not in header of %s", from, path);
+    size_t nh = h - strlen(from) + strlen(to);
+    unsigned char *o = malloc(8 + nh + (n - 8 - h));
+    for (int i = 0; i < 8; i++) o[i] = (unsigned char)(nh >> (8 * i));
+    memcpy(o + 8, hdr, (size_t)(p - hdr));
+    memcpy(o + 8 + (p - hdr), to, strlen(to));
+    memcpy(o + 8 + (p - hdr) + strlen(to), p + strlen(from), h - (size_t)(p - hdr) - strlen(from));
+    memcpy(o + 8 + nh, b + 8 + h, n - 8 - h);
+    spit(path, o, 8 + nh + (n - 8 - h));
+    free(o);
+    free(hdr);
+    free(b);
+}
+
+/* Runs the binary; expects exit code `code` and one stderr line starting
+ * with "error: " that holds the given fragments. */
+static void expect_fail(int code, const char *args, const char *frag1, const char *frag2) {
+    const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";
+    char cmd[2048], errpath[320];
+    snprintf(errpath, sizeof errpath, "%s/stderr.txt", tmp);
+    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>'%s' </dev/null", bin, args, errpath);
+    int st = system(cmd);
+    size_t n;
+    char *err = slurp(errpath, &n);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == code, "%s: expected exit %d, got status %d; stderr: %s", args, code,
+              st, err);
+    /* exactly one error line; info lines (model, sampling, stats) may surround it */
+    int lines = 0;
+    const char *line = NULL;
+    for (char *q = err; q && *q; q = strchr(q, '\n') ? strchr(q, '\n') + 1 : NULL)
+        if (strncmp(q, "error: ", 7) == 0) { lines++; line = q; }
+    cr_expect(lines == 1, "%s: expected one 'error:' line, found %d: %s", args, lines, err);
+    if (!line) line = err;
+    char *nl = strchr(line, '\n');
+    if (nl) *nl = 0;
+    cr_expect(strstr(line, frag1) != NULL, "%s: error line lacks '%s': %s", args, frag1, line);
+    if (frag2) cr_expect(strstr(line, frag2) != NULL, "%s: error line lacks '%s': %s", args, frag2, line);
+    free(err);
+}
+
+TestSuite(load, .init = setup, .fini = teardown);
+
+Test(load, missing_directory) {
+    expect_fail(1, "/nonexistent/model -i hi", "/nonexistent/model", NULL);
+}
+
+Test(load, missing_weights) {
+    const char *d = copy_fixture("tiny");
+    sh("rm '%s/model.safetensors'", d);
+    char a[512];
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "expected model.safetensors or model.safetensors.index.json", NULL);
+}
+
+Test(load, malformed_config) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    replace_in(p, "\"hidden_size\": 64,", "\"hidden_size\": 64");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "config.json: malformed JSON", "byte");
+}
+
+Test(load, missing_config_key) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    replace_in(p, "\"num_hidden_layers\": 2,", "");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "missing field 'num_hidden_layers'", NULL);
+}
+
+Test(load, wrong_config_type) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    replace_in(p, "\"num_attention_heads\": 4", "\"num_attention_heads\": \"4\"");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "'num_attention_heads'", "string");
+}
+
+Test(load, unknown_architecture) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    replace_in(p, "Qwen3ForCausalLM", "LlamaForCausalLM");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "expected Qwen3ForCausalLM", "LlamaForCausalLM");
+}
+
+Test(load, header_length_beyond_file) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    size_t n;
+    unsigned char *b = (unsigned char *)slurp(p, &n);
+    b[5] = 0x7f;
+    spit(p, b, n);
+    free(b);
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "model.safetensors: header length", "exceeds the file");
+}
+
+Test(load, offsets_out_of_range) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    patch_header(p, "\"data_offsets\":[0,532480]", "\"data_offsets\":[99999999,100532480]");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "model.embed_tokens.weight", "outside the data section");
+}
+
+Test(load, overlapping_tensors) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    patch_header(p, "\"data_offsets\":[532480,532608]", "\"data_offsets\":[128,256]");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "overlap", "model.layers.0.input_layernorm.weight");
+}
+
+Test(load, unsupported_dtype) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    /* same byte count: 64 bf16 values = 128 int8 values, shape [128] would not match; keep shape, use I16 */
+    patch_header(p, "\"model.layers.0.input_layernorm.weight\":{\"dtype\":\"BF16\"",
+                 "\"model.layers.0.input_layernorm.weight\":{\"dtype\":\"I16\"");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "dtype I16 not supported", "input_layernorm");
+}
+
+Test(load, shape_mismatch) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    replace_in(p, "\"intermediate_size\": 128", "\"intermediate_size\": 96");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "expected shape [96, 64]", "found [128, 64]");
+}
+
+Test(load, vocab_smaller_than_tokenizer) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    replace_in(p, "\"vocab_size\": 4160", "\"vocab_size\": 4000");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "vocab_size 4000 is smaller than the tokenizer", NULL);
+}
+
+Test(load, truncated_shard) {
+    const char *d = copy_fixture("small");
+    sh("truncate -s 3000000 '%s/model-00002-of-00002.safetensors'", d);
+    char a[512];
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "model-00002-of-00002.safetensors", "truncated");
+}
+
+Test(load, index_names_missing_shard) {
+    const char *d = copy_fixture("small");
+    sh("rm '%s/model-00002-of-00002.safetensors'", d);
+    char a[512];
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "model.safetensors.index.json", "model-00002-of-00002.safetensors', which is missing");
+}
+
+Test(load, missing_tensor) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    patch_header(p, "model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.up_prij.weight");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "missing tensor 'model.layers.1.mlp.up_proj.weight'", NULL);
+}
+
+Test(load, malformed_tokenizer) {
+    const char *d = copy_fixture("tiny");
+    char a[512];
+    sh("head -c 1000 tests/data/fixtures/tiny/tokenizer.json > '%s/tokenizer.json'", d);
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "tokenizer.json", NULL);
+}
+
+Test(load, prompt_longer_than_context) {
+    expect_fail(1, "tests/data/fixtures/tiny -c 5 -n 4 -i 'a prompt that is longer than five tokens for sure'",
+                "does not fit the context of 5", NULL);
+}
+
+Test(load, usage_errors_exit_2) {
+    expect_fail(2, "tests/data/fixtures/tiny -n -3", "-n", NULL);
+    expect_fail(2, "tests/data/fixtures/tiny -kv nope", "unknown scheme 'nope'", NULL);
+    expect_fail(2, "tests/data/fixtures/tiny -m nope", "-m", NULL);
+    expect_fail(2, "tests/data/fixtures/tiny -zz 1", "unknown flag '-zz'", NULL);
+    expect_fail(2, "tests/data/fixtures/tiny -m logits -i hi", "-o", NULL);
+}
+
+/* Random byte and token mutations of headers and configs; model_load must
+ * return (0 or -1), never crash, hang or read out of bounds. */
+Test(load, fuzz_headers_and_configs) {
+    const char *d = copy_fixture("tiny");
+    char p[512], c[512], err[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    snprintf(c, sizeof c, "%s/config.json", d);
+    size_t n, cn;
+    unsigned char *orig = (unsigned char *)slurp(p, &n);
+    char *corig = slurp(c, &cn);
+    unsigned long long h = 0;
+    for (int i = 7; i >= 0; i--) h = (h << 8) | orig[i];
+    unsigned long long r = 12345;
+    int loaded = 0, failed = 0;
+    for (int it = 0; it < 300; it++) {
+        unsigned char *b = malloc(n);
+        memcpy(b, orig, n);
+        char *cb = strdup(corig);
+        int k = 1 + (int)(it % 4);
+        for (int j = 0; j < k; j++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            size_t at = (size_t)(r >> 33);
+            const char pool[] = "{}[]\",:0123456789-eE. \\u";
+            if (it % 3 == 0) cb[at % cn] = pool[(r >> 20) % (sizeof pool - 1)];
+            else b[at % (8 + h)] = (it % 3 == 1) ? (unsigned char)pool[(r >> 20) % (sizeof pool - 1)] : (unsigned char)(r >> 24);
+        }
+        spit(p, b, n);
+        spit(c, cb, cn);
+        Model m;
+        if (model_load(&m, d, err, sizeof err) == 0) {
+            loaded++;
+            model_free(&m);
+        } else {
+            failed++;
+            cr_expect(strlen(err) > 0 && strchr(err, '\n') == NULL, "fuzz %d: empty or multi-line error '%s'", it, err);
+        }
+        free(b);
+        free(cb);
+    }
+    cr_expect(failed > 100, "fuzzing should break most loads (loaded %d, failed %d)", loaded, failed);
+    free(orig);
+    free(corig);
+}

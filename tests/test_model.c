@@ -1,0 +1,125 @@
+/* test_model.c: the forward pass against golden logits from an independent
+ * engine (tests/data/golden, made by llama.cpp with f32 weights and checked
+ * against a float64 numpy forward), and batching independence. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+static int read_tokens(const char *path, int *ids, int cap) {
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "cannot open %s", path);
+    int n = 0;
+    while (n < cap && fscanf(f, "%d", &ids[n]) == 1) n++;
+    fclose(f);
+    return n;
+}
+
+static float *read_f32(const char *path, size_t count) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    float *x = malloc(count * sizeof(float));
+    cr_assert_eq(fread(x, sizeof(float), count, f), count, "%s: short read", path);
+    fclose(f);
+    return x;
+}
+
+static void open_model(Model *m, KVCache *kv, const char *fixture, const char *scheme, int ctx) {
+    char dir[256], err[512];
+    KVSpec spec;
+    snprintf(dir, sizeof dir, "tests/data/fixtures/%s", fixture);
+    cr_assert_eq(model_load(m, dir, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kv_spec_parse(scheme, &spec, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_kv_init(m, kv, &spec, ctx, 0, err, sizeof err), 0, "%s", err);
+}
+
+/* All positions of one golden prompt, whole prompt as one batch, f32 KV. */
+static void check_golden(const char *fixture, const char *prompt) {
+    Model m;
+    KVCache kv;
+    char path[256], err[512];
+    int ids[1024];
+    open_model(&m, &kv, fixture, "f32", 1024);
+    snprintf(path, sizeof path, "tests/data/golden/%s/%s/tokens.txt", fixture, prompt);
+    int n = read_tokens(path, ids, 1024);
+    int V = m.cfg.vocab_size;
+    snprintf(path, sizeof path, "tests/data/golden/%s/%s/logits.f32", fixture, prompt);
+    float *want = read_f32(path, (size_t)n * V), *got = malloc((size_t)n * V * sizeof(float));
+    cr_assert_eq(model_forward(&m, &kv, ids, n, got, 1, NULL, err, sizeof err), 0, "%s", err);
+    double worst = 0;
+    int worst_at = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (d > worst) { worst = d; worst_at = (int)(i / V); }
+    }
+    cr_expect(worst <= 1e-4, "%s/%s: max-abs %g at position %d", fixture, prompt, worst, worst_at);
+    free(want);
+    free(got);
+    kv_cache_free(&kv);
+    model_free(&m);
+}
+
+Test(model, golden_tiny) {
+    check_golden("tiny", "hello");
+    check_golden("tiny", "sentence");
+    check_golden("tiny", "paragraph");
+}
+
+Test(model, golden_small) {
+    check_golden("small", "hello");
+    check_golden("small", "sentence");
+    check_golden("small", "paragraph");
+}
+
+/* Logits of a position must not depend on how the prompt was split: one
+ * batch of n vs a batch of n-k then k single-token steps, for each scheme. */
+static void check_split(const char *fixture, const char *scheme) {
+    Model m;
+    KVCache a, b;
+    char err[512];
+    int ids[1024];
+    int n = read_tokens("tests/data/golden/small/paragraph/tokens.txt", ids, 1024), k = 37;
+    open_model(&m, &a, fixture, scheme, 512);
+    KVSpec spec = a.spec;
+    cr_assert_eq(model_kv_init(&m, &b, &spec, 512, 0, err, sizeof err), 0, "%s", err);
+    int V = m.cfg.vocab_size;
+    float *full = malloc((size_t)n * V * sizeof(float)), *step = malloc((size_t)n * V * sizeof(float));
+    cr_assert_eq(model_forward(&m, &a, ids, n, full, 1, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_forward(&m, &b, ids, n - k, step, 1, NULL, err, sizeof err), 0, "%s", err);
+    for (int i = n - k; i < n; i++)
+        cr_assert_eq(model_forward(&m, &b, ids + i, 1, step + (size_t)i * V, 0, NULL, err, sizeof err), 0, "%s", err);
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) worst = fmax(worst, fabs((double)full[i] - step[i]));
+    cr_expect(worst <= 1e-5, "%s %s: prefill vs decode max-abs %g", fixture, scheme, worst);
+    free(full);
+    free(step);
+    kv_cache_free(&a);
+    kv_cache_free(&b);
+    model_free(&m);
+}
+
+Test(model, batching_does_not_change_logits) {
+    for (int i = 0; i < kv_n_schemes; i++) {
+        check_split("tiny", kv_schemes[i]->name);
+        check_split("small", kv_schemes[i]->name);
+    }
+}
+
+Test(model, context_overflow_is_an_error) {
+    Model m;
+    KVCache kv;
+    char err[512];
+    int ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    open_model(&m, &kv, "tiny", "f16", 6);
+    cr_assert_eq(model_forward(&m, &kv, ids, 4, NULL, 0, NULL, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(model_forward(&m, &kv, ids, 3, NULL, 0, NULL, err, sizeof err), -1);
+    cr_expect(strstr(err, "context full") != NULL, "%s", err);
+    ids[0] = 99999;
+    cr_expect_eq(model_forward(&m, &kv, ids, 1, NULL, 0, NULL, err, sizeof err), -1);
+    cr_expect(strstr(err, "token id 99999") != NULL, "%s", err);
+    kv_cache_free(&kv);
+    model_free(&m);
+}
