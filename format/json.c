@@ -293,7 +293,10 @@ const Json *json_at(const Json *a, size_t i) {
 int json_get_int(const Json *o, const char *key, long lo, long hi, long *out) {
     const Json *v = json_get(o, key);
     if (!v || v->type != JSON_NUMBER) return 0;
-    if (v->number != floor(v->number) || v->number < (double)lo || v->number > (double)hi) return 0;
+    /* (double)LONG_MAX rounds up to 2^63: keep the cast below defined */
+    if (v->number != floor(v->number) || v->number < -0x1p62 || v->number > 0x1p62 || v->number < (double)lo ||
+        v->number > (double)hi)
+        return 0;
     *out = (long)v->number;
     return 1;
 }

@@ -1,0 +1,29 @@
+/* chat.h: the Qwen3 chat template, rendered to text for tok_encode.
+ *
+ * Data flow: user input -> chat_first_turn / chat_next_turn -> text ->
+ * tok_encode (which turns <|im_start|>, <|im_end|>, <think> into their ids)
+ * -> the model. Follows the chat_template of Qwen3's tokenizer_config.json for
+ * a system + user conversation without tools:
+ *   [<|im_start|>system\n{system}<|im_end|>\n]
+ *   <|im_start|>user\n{user}<|im_end|>\n
+ *   <|im_start|>assistant\n            (generation prompt)
+ *   <think>\n\n</think>\n\n             (only with thinking off)
+ * A follow-up turn continues a KV cache that already holds everything up to the
+ * end of the previous assistant reply (its sampled <|im_end|> not fed back),
+ * so it only closes that reply and opens the next user turn. Unlike the full
+ * template re-rendered from scratch, the earlier reply keeps its <think> block.
+ * User text is inserted verbatim: special-token text inside it becomes the
+ * special token, exactly as with Hugging Face's apply_chat_template + encode.
+ */
+#ifndef CHAT_H
+#define CHAT_H
+
+/* First turn: optional system prompt (NULL or "" for none), the user message,
+ * and the generation prompt. Returns a malloc'd NUL-terminated string, NULL
+ * when out of memory. */
+char *chat_first_turn(const char *system, const char *user, int thinking);
+/* Follow-up turn after an assistant reply: "<|im_end|>\n" + user turn +
+ * generation prompt. Same ownership as chat_first_turn. */
+char *chat_next_turn(const char *user, int thinking);
+
+#endif
