@@ -9,7 +9,7 @@ CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -Wall -Wextra -fopenmp -I. -D_GNU_SOURCE
 LDLIBS  += -lm -fopenmp
 
-LIB_SRC  := $(sort $(wildcard format/*.c kernels/*.c kv/*.c attn/*.c model/*.c tokenizer/*.c sample/*.c))
+LIB_SRC  := $(sort $(wildcard format/*.c kernels/*.c kv/*.c attn/*.c model/*.c tokenizer/*.c sample/*.c spec/*.c eval/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 HDRS     := $(wildcard */*.h)
 
@@ -39,12 +39,21 @@ $(BUILD)/test_all: $(TEST_OBJ) $(BUILD)/librun.a
 	$(CC) $(CFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
 
 # Tests run from the repo root (they read tests/data/); CLI tests run $(RUN_BIN).
+# Criterion runs tests in parallel processes: passive OpenMP waiting keeps
+# their threads from spinning against each other on a small machine.
 test: $(BUILD)/run $(BUILD)/test_all
-	RUN_BIN=$(BUILD)/run $(BUILD)/test_all $(TEST_ARGS)
+	OMP_WAIT_POLICY=passive RUN_BIN=$(BUILD)/run $(BUILD)/test_all $(TEST_ARGS)
 
 test-asan:
 	$(MAKE) test BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 		LDLIBS="-lm -fopenmp -fsanitize=address,undefined"
+
+$(BUILD)/bench_attn: $(BUILD)/tools/bench_attn.o $(BUILD)/librun.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# Speed is measured here, never asserted in a test.
+bench: $(BUILD)/bench_attn
+	$(BUILD)/bench_attn
 
 clean:
 	rm -rf build build-asan run

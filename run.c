@@ -18,8 +18,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "eval/compare.h"
 #include "model/model.h"
 #include "sample/sampler.h"
+#include "spec/spec.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -29,16 +31,18 @@
 
 typedef struct {
     const char *model, *prompt, *prompt_file, *mode, *system, *kv, *out;
-    int n, top_k, ctx, threads, think;
+    int n, top_k, ctx, threads, think, spec; /* spec: -1 = default */
     float temp, top_p, min_p;
     unsigned long long seed;
-    int set_temp, set_top_p, set_top_k, set_min_p, set_seed;
+    int set_temp, set_top_p, set_top_k, set_min_p, set_seed, set_n, set_kv;
 } Args;
 
 typedef struct {
     double prefill_s, decode_s;
     long prefill_tokens, decode_tokens;
     size_t kv_bytes;
+    int has_spec;
+    double spec_accept;   /* accepted / drafted */
 } Stats;
 
 static void usage(FILE *f) {
@@ -46,7 +50,7 @@ static void usage(FILE *f) {
             "usage: ./run [MODEL_DIR] [options]\n"
             "  MODEL_DIR        a Hugging Face Qwen3 snapshot (config.json, *.safetensors, tokenizer.json);\n"
             "                   default: the model shipped in the repo (" DEFAULT_MODEL ")\n"
-            "  -m MODE          generate (default) | chat | tokenize | logits | ppl\n"
+            "  -m MODE          generate (default) | chat | tokenize | logits | ppl | compare | kvstats\n"
             "  -i TEXT          prompt (generate, tokenize), first user message (chat)\n"
             "  -f FILE          read the prompt / text from FILE\n"
             "  -n N             tokens to generate (default 256; chat: per reply)\n"
@@ -57,10 +61,13 @@ static void usage(FILE *f) {
             "  -s SEED          random seed (default: time)\n"
             "  -c N             context length in tokens (default 4096, capped by the model; ppl: window, 512)\n"
             "  -T N             threads (default: OpenMP's, usually all cores)\n"
-            "  -kv SCHEME       KV cache storage: one scheme for K and V, or K,V (default f16)\n"
+            "  -kv SCHEME       KV cache storage: one scheme for K and V, or K,V (default f16);\n"
+            "                   compare: a list a,b,... (K/V pairs as k/v), default every scheme\n"
             "  -y TEXT          system prompt (chat)\n"
             "  -think 0|1       chat: let the model think (default 1)\n"
-            "  -o FILE          output file (logits: float32 [n_tokens, vocab])\n"
+            "  -spec N          speculative decoding with the model's MTP head, N drafts per step\n"
+            "                   (default 3 when the model has one; 0 = off)\n"
+            "  -o FILE          output file (logits: float32 [n_tokens, vocab]; compare: SVG plot)\n"
             "  -h               this help\n"
             "KV schemes:");
     for (int i = 0; i < kv_n_schemes; i++) fprintf(f, " %s", kv_schemes[i]->name);
@@ -102,6 +109,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     a->kv = "f16";
     a->n = 256;
     a->think = 1;
+    a->spec = -1;
     int i = 1;
     if (i < argc && argv[i][0] != '-') a->model = argv[i++];
     for (; i < argc; i++) {
@@ -114,11 +122,12 @@ static int parse_args(int argc, char **argv, Args *a) {
         else if (strcmp(f, "-f") == 0) a->prompt_file = v;
         else if (strcmp(f, "-m") == 0) a->mode = v;
         else if (strcmp(f, "-y") == 0) a->system = v;
-        else if (strcmp(f, "-kv") == 0) a->kv = v;
+        else if (strcmp(f, "-kv") == 0) a->kv = v, a->set_kv = 1;
         else if (strcmp(f, "-o") == 0) a->out = v;
         else if (strcmp(f, "-n") == 0) {
             if (parse_int(v, 0, 1 << 30, &l)) return usage_error("-n: expected a count >= 0, found '%s'", v);
             a->n = (int)l;
+            a->set_n = 1;
         } else if (strcmp(f, "-k") == 0) {
             if (parse_int(v, 0, 1 << 30, &l)) return usage_error("-k: expected an integer >= 0, found '%s'", v);
             a->top_k = (int)l;
@@ -129,6 +138,9 @@ static int parse_args(int argc, char **argv, Args *a) {
         } else if (strcmp(f, "-T") == 0) {
             if (parse_int(v, 1, 1024, &l)) return usage_error("-T: expected a thread count in 1..1024, found '%s'", v);
             a->threads = (int)l;
+        } else if (strcmp(f, "-spec") == 0) {
+            if (parse_int(v, 0, SPEC_MAX, &l)) return usage_error("-spec: expected a draft count in 0..%d, found '%s'", SPEC_MAX, v);
+            a->spec = (int)l;
         } else if (strcmp(f, "-think") == 0) {
             if (parse_int(v, 0, 1, &l)) return usage_error("-think: expected 0 or 1, found '%s'", v);
             a->think = (int)l;
@@ -150,12 +162,14 @@ static int parse_args(int argc, char **argv, Args *a) {
         } else
             return usage_error("unknown flag '%s'", f);
     }
-    const char *modes[] = {"generate", "chat", "tokenize", "logits", "ppl"};
+    const char *modes[] = {"generate", "chat", "tokenize", "logits", "ppl", "compare", "kvstats"};
     int ok = 0;
     for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) ok |= strcmp(a->mode, modes[k]) == 0;
-    if (!ok) return usage_error("-m: expected generate, chat, tokenize, logits or ppl, found '%s'", a->mode);
+    if (!ok) return usage_error("-m: expected generate, chat, tokenize, logits, ppl, compare or kvstats, found '%s'", a->mode);
     if (a->prompt && a->prompt_file) return usage_error("give the prompt with -i or -f, not both");
-    if ((!strcmp(a->mode, "logits") || !strcmp(a->mode, "ppl")) && !a->prompt && !a->prompt_file)
+    int scores = !strcmp(a->mode, "logits") || !strcmp(a->mode, "ppl") || !strcmp(a->mode, "compare") ||
+                 !strcmp(a->mode, "kvstats");
+    if (scores && !a->prompt && !a->prompt_file)
         return usage_error("-m %s needs a text (-f FILE or -i TEXT)", a->mode);
     if (!strcmp(a->mode, "logits") && !a->out) return usage_error("-m logits needs -o FILE");
     return 0;
@@ -190,6 +204,28 @@ static char *read_file(const char *path, size_t *len) {
     return buf;
 }
 
+/* -m compare's list: f32 (the reference) first, then the given specs, or
+ * every registered scheme. */
+static int parse_compare_list(const char *list, KVSpec *specs, int *n, char *err, size_t errlen) {
+    kv_spec_parse("f32", &specs[0], err, errlen);
+    *n = 1;
+    if (!list) {
+        for (int i = 0; i < kv_n_schemes; i++)
+            if (strcmp(kv_schemes[i]->name, "f32") != 0 && kv_spec_parse(kv_schemes[i]->name, &specs[(*n)++], err, errlen))
+                return -1;
+        return 0;
+    }
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", list);
+    char *save = NULL;
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        if (*n >= 64) { snprintf(err, errlen, "-kv: at most 63 schemes to compare"); return -1; }
+        if (kv_spec_parse(item, &specs[*n], err, errlen)) return -1;
+        if (!(specs[*n].k == specs[0].k && specs[*n].v == specs[0].v)) (*n)++;
+    }
+    return 0;
+}
+
 /* The default model sits next to the executable, wherever it is run from. */
 static const char *default_model(char *buf, size_t n) {
     char exe[4096];
@@ -206,9 +242,11 @@ static const char *default_model(char *buf, size_t n) {
 }
 
 static void print_stats(const Stats *s) {
-    fprintf(stderr, "stats: prefill_tokens=%ld prefill_tps=%.2f decode_tokens=%ld decode_tps=%.2f kv_bytes=%zu\n",
+    fprintf(stderr, "stats: prefill_tokens=%ld prefill_tps=%.2f decode_tokens=%ld decode_tps=%.2f kv_bytes=%zu",
             s->prefill_tokens, s->prefill_s > 0 ? s->prefill_tokens / s->prefill_s : 0.0, s->decode_tokens,
             s->decode_s > 0 ? s->decode_tokens / s->decode_s : 0.0, s->kv_bytes);
+    if (s->has_spec) fprintf(stderr, " spec_accept=%.4f", s->spec_accept);
+    fprintf(stderr, "\n");
 }
 
 /* Encodes text; returns ids (malloc'd) and their count, NULL on failure. */
@@ -226,7 +264,9 @@ typedef struct {
     Tokenizer *tok;
     Sampler *smp;
     Stats *st;
+    Spec *spec;         /* NULL: plain decoding */
     float *logits;      /* [V] logits of the last position */
+    float *hidden;      /* [ctx, H] prefill hidden states, for the MTP head */
     int stops[CFG_MAX_EOS + 1], n_stops;
 } Gen;
 
@@ -236,8 +276,16 @@ static int is_stop(const Gen *g, int id) {
     return 0;
 }
 
-/* Feeds ids (prefill), then samples up to n tokens, printing them. Returns
- * 0 ok (including a full context, which only ends the reply), 1 on error. */
+/* Prints one token, never half a UTF-8 character. */
+static void emit(Gen *g, TokStream *ts, char *buf, size_t cap, int id) {
+    size_t w = tok_stream_put(g->tok, ts, id, buf, cap);
+    if (w != (size_t)-1) fwrite(buf, 1, w, stdout);
+    fflush(stdout);
+}
+
+/* Feeds ids (prefill), then samples up to n tokens, printing them. The
+ * caches end as plain decoding leaves them: every emitted token but the
+ * last one fed. Returns 0 ok (a full context only ends the reply), 1 on error. */
 static int generate(Gen *g, const int *ids, int n_ids, int n) {
     char err[512];
     if (kv_cache_len(g->kv) + n_ids > g->kv->cap) {
@@ -246,7 +294,8 @@ static int generate(Gen *g, const int *ids, int n_ids, int n) {
         return 1;
     }
     double t0 = now();
-    if (model_forward(g->m, g->kv, ids, n_ids, g->logits, 0, NULL, err, sizeof err)) {
+    if (model_forward(g->m, g->kv, ids, n_ids, g->logits, 0, g->spec ? g->hidden : NULL, err, sizeof err) ||
+        (g->spec && spec_prefill(g->spec, g->hidden, ids, n_ids, err, sizeof err))) {
         fprintf(stderr, "error: %s\n", err);
         return 1;
     }
@@ -255,31 +304,47 @@ static int generate(Gen *g, const int *ids, int n_ids, int n) {
     TokStream ts = {0};
     size_t bufcap = tok_max_piece(g->tok) + 16;
     char *buf = malloc(bufcap);
+    int out[SPEC_MAX + 1], x = sampler_sample(g->smp, g->logits), count = 0, rc = 0;
     t0 = now();
-    for (int i = 0; i < n; i++) {
-        int next = sampler_sample(g->smp, g->logits);
-        if (is_stop(g, next)) break;
-        size_t w = tok_stream_put(g->tok, &ts, next, buf, bufcap);
-        if (w != (size_t)-1) fwrite(buf, 1, w, stdout);
-        fflush(stdout);
-        if (i + 1 == n) break;
-        if (kv_cache_len(g->kv) >= g->kv->cap) {
+    /* x: the next token to print, not yet in the cache */
+    while (!is_stop(g, x)) {
+        emit(g, &ts, buf, bufcap, x);
+        if (++count == n) break;
+        int P = kv_cache_len(g->kv);
+        if (P >= g->kv->cap) {
             fprintf(stderr, "\n[context full at %d tokens: stopping]\n", g->kv->cap);
             break;
         }
-        if (model_forward(g->m, g->kv, &next, 1, g->logits, 0, NULL, err, sizeof err)) {
-            fprintf(stderr, "error: %s\n", err);
-            free(buf);
-            return 1;
+        if (!g->spec || P + 2 > g->kv->cap) {
+            if (model_forward(g->m, g->kv, &x, 1, g->logits, 0, NULL, err, sizeof err)) { rc = 1; break; }
+            g->st->decode_tokens++;
+            x = sampler_sample(g->smp, g->logits);
+            continue;
         }
+        int got = spec_step(g->spec, x, out, err, sizeof err);
+        if (got < 0) { rc = 1; break; }
+        /* accepted drafts sit in the cache at P+1..; a stop among them rewinds it */
+        int stop = 0;
+        for (int i = 0; i + 1 < got && !stop; i++) {
+            g->st->decode_tokens++;
+            if (is_stop(g, out[i])) stop = 1;
+            else {
+                emit(g, &ts, buf, bufcap, out[i]);
+                stop = ++count == n;
+            }
+            if (stop) spec_rewind(g->spec, P + i + 1);
+        }
+        if (stop) break;
         g->st->decode_tokens++;
+        x = out[got - 1];
     }
+    if (rc) fprintf(stderr, "error: %s\n", err);
     size_t w = tok_stream_flush(&ts, buf, bufcap);
     if (w != (size_t)-1) fwrite(buf, 1, w, stdout);
     fflush(stdout);
     free(buf);
     g->st->decode_s += now() - t0;
-    return 0;
+    return rc;
 }
 
 /* Perplexity over non-overlapping windows of ctx tokens; each window starts
@@ -386,8 +451,12 @@ int main(int argc, char **argv) {
     if (a.threads) omp_set_num_threads(a.threads);
     char model_buf[4200], err[4600];
     const char *dir = a.model ? a.model : default_model(model_buf, sizeof model_buf);
-    KVSpec spec;
-    if (kv_spec_parse(a.kv, &spec, err, sizeof err)) return usage_error("%s", err);
+    KVSpec spec, specs[64];
+    int n_specs = 0, is_compare = strcmp(a.mode, "compare") == 0;
+    if (is_compare && parse_compare_list(a.set_kv ? a.kv : NULL, specs, &n_specs, err, sizeof err))
+        return usage_error("%s", err);
+    if (!is_compare && kv_spec_parse(a.kv, &spec, err, sizeof err)) return usage_error("%s", err);
+    if (is_compare) spec = specs[0];
 
     Stats st = {0};
     Tokenizer tok;
@@ -446,9 +515,12 @@ int main(int argc, char **argv) {
     }
     rc = 0;
     int is_ppl = strcmp(a.mode, "ppl") == 0, is_logits = strcmp(a.mode, "logits") == 0;
-    int ctx = a.ctx ? a.ctx : is_ppl ? 512 : is_logits ? (n_ids > 0 ? n_ids : 1) : 4096;
+    int is_kvstats = strcmp(a.mode, "kvstats") == 0;
+    int n_gen = a.set_n ? a.n : 64;
+    int ctx = a.ctx ? a.ctx : is_ppl ? 512 : is_logits || is_kvstats ? (n_ids > 0 ? n_ids : 1)
+                            : is_compare ? n_ids + n_gen : 4096;
     if (!a.ctx && ctx > m.cfg.max_pos) ctx = m.cfg.max_pos;
-    if (rc == 0 && is_logits && n_ids > ctx) {
+    if (rc == 0 && (is_logits || is_kvstats) && n_ids > ctx) {
         fprintf(stderr, "error: prompt of %d tokens does not fit the context of %d (raise -c)\n", n_ids, ctx);
         rc = 1;
     }
@@ -457,7 +529,7 @@ int main(int argc, char **argv) {
         rc = 1;
     }
     KVCache kv = {0};
-    if (rc == 0 && model_kv_init(&m, &kv, &spec, ctx, 0, err, sizeof err)) {
+    if (rc == 0 && !is_compare && !is_kvstats && model_kv_init(&m, &kv, &spec, ctx, 0, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         rc = 1;
     }
@@ -468,7 +540,22 @@ int main(int argc, char **argv) {
                 dir, m.cfg.n_layers, m.cfg.hidden, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim, m.cfg.vocab_size,
                 m.has_mtp ? ", MTP head" : "", kvname, ctx, omp_get_max_threads(), kernels_isa());
     }
-    if (rc == 0 && is_ppl) rc = run_ppl(&m, &kv, ids, n_ids, &st);
+    if (rc == 0 && is_compare) {
+        CompareRow rows[64];
+        if (compare_run(&m, specs, n_specs, ids, n_ids, ctx, n_gen, rows, err, sizeof err) ||
+            (a.out && compare_svg(a.out, rows, n_specs, dir, err, sizeof err))) {
+            fprintf(stderr, "error: %s\n", err);
+            rc = 1;
+        } else {
+            compare_print(stdout, rows, n_specs, dir, n_ids < ctx - n_gen ? n_ids : ctx - n_gen);
+            if (a.out) fprintf(stderr, "wrote %s\n", a.out);
+        }
+    } else if (rc == 0 && is_kvstats) {
+        if (kvstats_run(&m, &spec, ids, n_ids, stdout, err, sizeof err)) {
+            fprintf(stderr, "error: %s\n", err);
+            rc = 1;
+        }
+    } else if (rc == 0 && is_ppl) rc = run_ppl(&m, &kv, ids, n_ids, &st);
     else if (rc == 0 && is_logits) rc = run_logits(&m, &kv, ids, n_ids, a.out, &st);
     else if (rc == 0) {
         /* sampling: flags, else generation_config.json, else llama.cpp's defaults */
@@ -481,20 +568,46 @@ int main(int argc, char **argv) {
                 min_p, seed);
         Sampler smp;
         float *logits = malloc((size_t)m.cfg.vocab_size * sizeof(float));
-        Gen g = {&m, &kv, &tok, &smp, &st, logits, {0}, 0};
+        Gen g = {&m, &kv, &tok, &smp, &st, NULL, logits, NULL, {0}, 0};
         for (int i = 0; i < m.cfg.n_eos; i++) g.stops[g.n_stops++] = m.cfg.eos_ids[i];
+        int n_draft = a.spec < 0 ? (m.has_mtp ? 3 : 0) : a.spec;
+        if (n_draft > 0 && !m.has_mtp) {
+            fprintf(stderr, "-spec %d: %s has no MTP head; decoding without speculation\n", n_draft, dir);
+            n_draft = 0;
+        }
+        KVCache mkv = {0};
+        Spec spec_state;
         if (sampler_init(&smp, m.cfg.vocab_size, temp, top_k, top_p, min_p, seed) || !logits) {
             fprintf(stderr, "error: out of memory\n");
             rc = 1;
-        } else if (strcmp(a.mode, "chat") == 0) {
+        } else if (n_draft > 0) {
+            g.hidden = malloc((size_t)ctx * m.cfg.hidden * sizeof(float));
+            if (!g.hidden || model_kv_init(&m, &mkv, &spec, ctx, 1, err, sizeof err) ||
+                spec_init(&spec_state, &m, &kv, &mkv, &smp, n_draft, err, sizeof err)) {
+                fprintf(stderr, "error: %s\n", g.hidden ? err : "out of memory");
+                rc = 1;
+            } else {
+                g.spec = &spec_state;
+                fprintf(stderr, "speculative decoding: %d MTP drafts per step\n", n_draft);
+            }
+        }
+        if (rc == 0 && strcmp(a.mode, "chat") == 0) {
             int im_end = tok_find(&tok, "<|im_end|>");
             if (im_end >= 0) g.stops[g.n_stops++] = im_end;
             rc = run_chat(&g, &a);
-        } else {
+        } else if (rc == 0) {
             fwrite(text, 1, text_len, stdout);
             rc = generate(&g, ids, n_ids, a.n);
             printf("\n");
         }
+        if (g.spec) {
+            spec_print_stats(g.spec, stderr);
+            st.spec_accept = g.spec->drafted ? (double)spec_accepted(g.spec) / g.spec->drafted : 0;
+            st.has_spec = 1;
+            spec_free(g.spec);
+        }
+        if (mkv.k) kv_cache_free(&mkv);
+        free(g.hidden);
         sampler_free(&smp);
         free(logits);
     }

@@ -13,6 +13,7 @@
 
 extern const KVScheme kv_f32, kv_f16;
 extern const KVScheme kv_q8, kv_q4;
+extern const KVScheme kv_q4h, kv_tbq4, kv_tbq3, kv_tbq2, kv_polar4, kv_lm3;
 extern const KVScheme kv_kivi2, kv_kivi4;
 
 const KVScheme *const kv_schemes[] = {
@@ -20,6 +21,12 @@ const KVScheme *const kv_schemes[] = {
     &kv_f16,
     &kv_q8,
     &kv_q4,
+    &kv_q4h,
+    &kv_tbq4,
+    &kv_tbq3,
+    &kv_tbq2,
+    &kv_polar4,
+    &kv_lm3,
     &kv_kivi2,
     &kv_kivi4,
 };
@@ -66,14 +73,15 @@ static int parse_one(const char *s, size_t n, const KVScheme **sc, KVOpts *o, ch
 }
 
 int kv_spec_parse(const char *s, KVSpec *spec, char *err, size_t errlen) {
-    const char *comma = strchr(s, ',');
+    /* "k/v" is accepted too, for lists where ',' separates specs (-m compare) */
+    const char *comma = strchr(s, ',') ? strchr(s, ',') : strchr(s, '/');
     if (!comma) {
         if (parse_one(s, strlen(s), &spec->k, &spec->ko, err, errlen)) return -1;
         spec->v = spec->k;
         spec->vo = spec->ko;
         return 0;
     }
-    if (strchr(comma + 1, ',')) {
+    if (strchr(comma + 1, ',') || strchr(comma + 1, '/')) {
         snprintf(err, errlen, "-kv: expected SCHEME or KSCHEME,VSCHEME, found '%s'", s);
         return -1;
     }

@@ -102,7 +102,8 @@ extern const KVScheme *const kv_schemes[];
 extern const int kv_n_schemes;
 const KVScheme *kv_find(const char *name);
 
-/* Parses "name[:opts]" or "kname[:opts],vname[:opts]". 0 ok, -1 + err line. */
+/* Parses "name[:opts]" or "kname[:opts],vname[:opts]" (or with "/" in place
+ * of ","). 0 ok, -1 + err line. */
 int kv_spec_parse(const char *s, KVSpec *spec, char *err, size_t errlen);
 /* Writes the canonical name of a spec ("q8", "q8,tbq4", "kivi2:g32:r128"). */
 void kv_spec_name(const KVSpec *spec, char *out, size_t n);

@@ -156,7 +156,8 @@ static int scratch_init(Model *m, char *err, size_t errlen) {
     s->rope_sn = malloc(cap * half * sizeof(float));
     s->attn_scratch = malloc((size_t)s->threads * attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim) *
                              sizeof(float));
-    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->rope_cs || !s->rope_sn ||
+    if (m->has_mtp) s->cat = malloc(cap * 2 * H * sizeof(float));
+    if ((m->has_mtp && !s->cat) || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->rope_cs || !s->rope_sn ||
         !s->attn_scratch) {
         snprintf(err, errlen, "out of memory for activations");
         return -1;
@@ -176,8 +177,14 @@ static void scratch_free(Scratch *s) {
     free(s->rope_cs);
     free(s->rope_sn);
     free(s->attn_scratch);
+    free(s->cat);
 }
 
+/* The MTP norms are used as stored, y = x^ * w: Qwen3 dense checkpoints (the
+ * only family this loader accepts, the shipped model and the fixtures
+ * included) store plain weights. Qwen3.5/Next store zero-centred ones,
+ * y = x^ * (1 + w); supporting them means adding 1 to the three MTP norm
+ * vectors here, and nowhere else. */
 static int load_mtp(Model *m, char *err, size_t errlen) {
     int H = m->cfg.hidden;
     if (m->cfg.mtp_layers != 1) {
@@ -283,6 +290,8 @@ static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) 
             rope(k, cs, sn, hd);
         }
     }
+    if (m->trace_q && L != &m->mtp_layer)
+        memcpy(m->trace_q + (size_t)cl * s->cap * qd, s->q, (size_t)n * qd * sizeof(float));
     /* Each kv head is an independent stream: one thread appends position i
      * and immediately attends from it, exactly as decode would. */
     size_t per = attn_scratch_floats(grp, hd);
@@ -341,6 +350,43 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
         int nb = n - off < m->s.cap ? n - off : m->s.cap, last = off + nb == n;
         float *lg = logits && (all_logits || last) ? logits + (all_logits ? (size_t)off * c->vocab_size : 0) : NULL;
         forward_chunk(m, kv, tokens + off, nb, pos + off, lg, all_logits, hidden ? hidden + (size_t)off * c->hidden : NULL);
+    }
+    return 0;
+}
+
+int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
+                      int all_logits, float *hm, char *err, size_t errlen) {
+    const Config *c = &m->cfg;
+    Scratch *s = &m->s;
+    const int H = c->hidden, V = c->vocab_size;
+    const float eps = (float)c->eps;
+    int pos = kv_cache_len(mkv);
+    if (!m->has_mtp) { snprintf(err, errlen, "the model has no MTP head"); return -1; }
+    if (n < 1 || pos + n > mkv->cap) {
+        snprintf(err, errlen, "MTP context full: %d cached + %d new rows exceed %d", pos, n, mkv->cap);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            snprintf(err, errlen, "MTP token id %d: expected 0..%d", tokens[i], V - 1);
+            return -1;
+        }
+    for (int off = 0; off < n; off += s->cap) {
+        int nb = n - off < s->cap ? n - off : s->cap;
+        /* concat(norm(embedding of the next token), norm(hidden)): embedding half first */
+        for (int i = 0; i < nb; i++) {
+            float *cat = s->cat + (size_t)i * 2 * H;
+            weight_row(&m->embed, tokens[off + i], cat);
+            rmsnorm(cat, cat, m->mtp_norm_emb, H, eps);
+            rmsnorm(cat + H, hidden + (size_t)(off + i) * H, m->mtp_norm_hid, H, eps);
+        }
+        matmul(s->x, s->cat, &m->mtp_fc, nb);
+        rope_tables(m, pos + off, nb);
+        layer_forward(m, &m->mtp_layer, mkv, 0, nb);
+        for (int i = 0; i < nb; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, m->mtp_norm, H, eps);
+        if (hm) memcpy(hm + (size_t)off * H, s->xb, (size_t)nb * H * sizeof(float));
+        if (logits && all_logits) matmul(logits + (size_t)off * V, s->xb, &m->lm_head, nb);
+        else if (logits && off + nb == n) matmul(logits, s->xb + (size_t)(nb - 1) * H, &m->lm_head, 1);
     }
     return 0;
 }

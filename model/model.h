@@ -10,7 +10,12 @@
  *   tokens [n] -> x [n, H] -> layers -> RMSNorm -> hidden [n, H] -> logits [n, V]
  *
  * The MTP module (mtp.* tensors, Qwen3.5/Next layout) is loaded and its
- * shapes checked when the config announces it.
+ * shapes checked when the config announces it; model_mtp_forward runs it
+ * (shared/specs/qwen3.md, "MTP"):
+ *   row i: u = Wfc [RMSNorm(E[t_i]); RMSNorm(h_i)] -> decoder layer at
+ *          position p+i over the MTP cache -> RMSNorm -> hm_i -> logits
+ * where h_i is the main model's post-norm hidden state at position p+i and
+ * t_i the token at position p+i+1; the logits draft the token at p+i+2.
  */
 #ifndef MODEL_H
 #define MODEL_H
@@ -36,6 +41,7 @@ typedef struct {
     float *hb, *hb2;      /* [cap, I] MLP gate and up */
     float *rope_cs, *rope_sn; /* [cap, hd/2] cos and sin per position */
     float *attn_scratch;  /* [threads, attn_scratch_floats(group, hd)] */
+    float *cat;           /* [cap, 2H] MTP input, when the model has an MTP head */
     int threads;
 } Scratch;
 
@@ -54,6 +60,9 @@ typedef struct {
     float *mtp_norm_emb, *mtp_norm_hid, *mtp_norm; /* [H] each */
     Layer mtp_layer;
     Scratch s;
+    /* Optional probe for -m kvstats: when set, each layer copies its roped
+     * queries [n, nH*hd] to trace_q + layer * s.cap * nH*hd. */
+    float *trace_q;
 } Model;
 
 /* Loads dir (config.json + safetensors). 0 ok, -1 with one line in err. */
@@ -69,5 +78,12 @@ int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int 
  * 0 ok; -1 with err on a bad token id or a full context. */
 int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits, int all_logits,
                   float *hidden, char *err, size_t errlen);
+
+/* Runs the MTP head on n rows at MTP positions [p, p+n), p = kv_cache_len(mkv)
+ * (a one-layer cache from model_kv_init(..., mtp = 1)). hidden [n, H] and
+ * tokens [n] as above; logits and hm ([n, H] MTP states after mtp.norm, the
+ * next draft step's hidden input) as in model_forward. */
+int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
+                      int all_logits, float *hm, char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,267 @@
+/* compare.c: scheme comparison table, its SVG plot, and per-layer kvstats
+ * (see compare.h). Metrics follow the habits of the KV-quantization
+ * literature and llama.cpp's perplexity tool: perplexity, mean KL divergence
+ * against the unquantized model's distribution, same-top-1 rate, plus greedy
+ * agreement and decode speed at the measured context. */
+#include "eval/compare.h"
+#include "attn/attn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Positions per lockstep chunk: every scheme holds one [B, V] logits block. */
+#define CMP_BATCH 16
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* logp[V] = log softmax(x), in double for stable KL sums. */
+static void log_softmax(const float *x, int V, double *logp) {
+    float mx = x[0];
+    for (int i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    double s = 0;
+    for (int i = 0; i < V; i++) s += exp((double)x[i] - mx);
+    double lse = log(s) + mx;
+    for (int i = 0; i < V; i++) logp[i] = x[i] - lse;
+}
+
+static int argmax(const float *x, int V) {
+    int b = 0;
+    for (int i = 1; i < V; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+int compare_run(Model *m, const KVSpec *specs, int n, const int *ids, int n_ids, int ctx, int n_gen,
+                CompareRow *rows, char *err, size_t errlen) {
+    const int V = m->cfg.vocab_size, d = m->cfg.head_dim;
+    int L = n_ids < ctx - n_gen ? n_ids : ctx - n_gen;
+    if (L < 2) {
+        snprintf(err, errlen, "compare: need at least 2 text tokens within the context (%d tokens, -c %d, -n %d)", n_ids,
+                 ctx, n_gen);
+        return -1;
+    }
+    KVCache *kv = calloc((size_t)n, sizeof(KVCache));
+    float *lg = malloc((size_t)n * CMP_BATCH * V * sizeof(float));
+    double *lref = malloc((size_t)V * sizeof(double)), *lq = malloc((size_t)V * sizeof(double));
+    double *nll = calloc((size_t)n, sizeof(double)), *kl = calloc((size_t)n, sizeof(double));
+    long *same = calloc((size_t)n, sizeof(long));
+    int *ref_gen = malloc((size_t)(n_gen + 1) * sizeof(int)), rc = -1;
+    if (!kv || !lg || !lref || !lq || !nll || !kl || !same || !ref_gen) {
+        snprintf(err, errlen, "compare: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n; i++)
+        if (model_kv_init(m, &kv[i], &specs[i], ctx, 0, err, errlen)) goto done;
+    /* text: every scheme sees the same chunk, scored against the reference */
+    for (int off = 0; off < L; off += CMP_BATCH) {
+        int nb = L - off < CMP_BATCH ? L - off : CMP_BATCH;
+        for (int i = 0; i < n; i++)
+            if (model_forward(m, &kv[i], ids + off, nb, lg + (size_t)i * CMP_BATCH * V, 1, NULL, err, errlen)) goto done;
+        for (int t = 0; t < nb; t++) {
+            log_softmax(lg + (size_t)t * V, V, lref);
+            int top_ref = argmax(lg + (size_t)t * V, V), next = off + t + 1 < L ? ids[off + t + 1] : -1;
+            for (int i = 0; i < n; i++) {
+                const float *row = lg + ((size_t)i * CMP_BATCH + t) * V;
+                log_softmax(row, V, lq);
+                double k = 0;
+                for (int j = 0; j < V; j++) k += exp(lref[j]) * (lref[j] - lq[j]);
+                kl[i] += k;
+                same[i] += argmax(row, V) == top_ref;
+                if (next >= 0) nll[i] -= lq[next];
+            }
+        }
+    }
+    /* greedy continuation from each scheme's own last logits, timed */
+    for (int i = 0; i < n; i++) {
+        const float *last = lg + ((size_t)i * CMP_BATCH + (size_t)((L - 1) % CMP_BATCH)) * V;
+        int tok = argmax(last, V), agree = 0, diverged = 0;
+        double t0 = now();
+        for (int g = 0; g < n_gen; g++) {
+            if (i == 0) ref_gen[g] = tok;
+            else if (!diverged && tok == ref_gen[g]) agree++;
+            else diverged = 1;
+            float *out = lg + (size_t)i * CMP_BATCH * V;
+            if (model_forward(m, &kv[i], &tok, 1, out, 0, NULL, err, errlen)) goto done;
+            tok = argmax(out, V);
+        }
+        double dt = now() - t0;
+        CompareRow *r = &rows[i];
+        memset(r, 0, sizeof *r);
+        kv_spec_name(&specs[i], r->name, sizeof r->name);
+        r->k_bits = specs[i].k->bits(d, &specs[i].ko);
+        r->v_bits = specs[i].v->bits(d, &specs[i].vo);
+        r->bytes_per_token = (double)kv_cache_bytes(&kv[i]) / ctx;
+        r->ppl = exp(nll[i] / (L - 1));
+        r->kl = kl[i] / L;
+        r->top1 = (double)same[i] / L;
+        r->greedy = i == 0 ? 1.0 : n_gen ? (double)agree / n_gen : 0;
+        r->decode_tps = dt > 0 ? n_gen / dt : 0;
+    }
+    /* f16's footprint, for the ratio column, from the model's shape */
+    double f16 = 2.0 * m->cfg.n_layers * m->cfg.n_kv_heads * d * 2;
+    for (int i = 0; i < n; i++) {
+        rows[i].ratio_f16 = f16 / rows[i].bytes_per_token;
+        rows[i].dppl_pct = 100 * (rows[i].ppl / rows[0].ppl - 1);
+    }
+    rc = 0;
+done:
+    for (int i = 0; kv && i < n; i++)
+        if (kv[i].k) kv_cache_free(&kv[i]);
+    free(kv), free(lg), free(lref), free(lq), free(nll), free(kl), free(same), free(ref_gen);
+    return rc;
+}
+
+void compare_print(FILE *f, const CompareRow *r, int n, const char *model, int n_ids) {
+    fprintf(f, "model %s, %d text tokens; KL, top-1 and greedy against f32\n", model, n_ids);
+    fprintf(f, "| scheme | K bits | V bits | KV bytes/token | vs f16 | ppl | dppl %% | KL | top-1 | greedy | decode tok/s |\n");
+    fprintf(f, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "| %s | %.3g | %.3g | %.0f | %.2fx | %.4f | %+.2f | %.5f | %.1f%% | %.1f%% | %.1f |\n", r[i].name,
+                r[i].k_bits, r[i].v_bits, r[i].bytes_per_token, r[i].ratio_f16, r[i].ppl, r[i].dppl_pct, r[i].kl,
+                100 * r[i].top1, 100 * r[i].greedy, r[i].decode_tps);
+}
+
+/* Plot: x = bits per value (mean of K and V), y = KL, both log10. Points
+ * with KL below the floor (f32 itself) sit on the floor. */
+int compare_svg(const char *path, const CompareRow *r, int n, const char *title, char *err, size_t errlen) {
+    FILE *f = fopen(path, "w");
+    if (!f) { snprintf(err, errlen, "%s: cannot write", path); return -1; }
+    const double W = 720, H = 480, x0 = 80, y0 = 40, pw = W - 120, ph = H - 110;
+    double bmin = 1e9, bmax = 0, kmin = 1e9, kmax = 1e-12;
+    for (int i = 0; i < n; i++) {
+        double b = (r[i].k_bits + r[i].v_bits) / 2;
+        bmin = fmin(bmin, b), bmax = fmax(bmax, b);
+        if (r[i].kl > 0) kmin = fmin(kmin, r[i].kl), kmax = fmax(kmax, r[i].kl);
+    }
+    if (kmin > kmax) kmin = 1e-6, kmax = 1e-2;
+    double lx0 = floor(log10(bmin)), lx1 = ceil(log10(bmax * 1.01)), ly0 = floor(log10(kmin)) - 1, ly1 = ceil(log10(kmax));
+    if (lx1 <= lx0) lx1 = lx0 + 1;
+    if (ly1 <= ly0) ly1 = ly0 + 1;
+#define PX(b) (x0 + (log10(b) - lx0) / (lx1 - lx0) * pw)
+#define PY(k) (y0 + ph - (log10(k) - ly0) / (ly1 - ly0) * ph)
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">", W / 2);
+    for (const char *c = title; *c; c++) {
+        if (*c == '<') fputs("&lt;", f);
+        else if (*c == '&') fputs("&amp;", f);
+        else fputc(*c, f);
+    }
+    fprintf(f, "</text>\n<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#444\"/>\n", x0,
+            y0, pw, ph);
+    /* decade grid plus 2 and 5 for the bits axis */
+    for (double e = lx0; e <= lx1; e++)
+        for (int m = 1; m <= 5; m += (m == 1 ? 1 : 3)) {
+            double b = m * pow(10, e), x = PX(b);
+            if (x < x0 - 0.5 || x > x0 + pw + 0.5) continue;
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#ddd\"/>\n", x, y0, x, y0 + ph);
+            fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%g</text>\n", x, y0 + ph + 16, b);
+        }
+    for (double e = ly0; e <= ly1; e++) {
+        double y = PY(pow(10, e));
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x0, y, x0 + pw, y);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">1e%.0f</text>\n", x0 - 6, y + 4, e);
+    }
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">bits per value (mean of K and V, log scale)</text>\n",
+            x0 + pw / 2, H - 30);
+    fprintf(f, "<text transform=\"translate(18 %.0f) rotate(-90)\" text-anchor=\"middle\">mean KL vs f32 (nats, log "
+               "scale)</text>\n", y0 + ph / 2);
+    for (int i = 0; i < n; i++) {
+        double b = (r[i].k_bits + r[i].v_bits) / 2, k = r[i].kl > pow(10, ly0) ? r[i].kl : pow(10, ly0);
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#c33\"/>\n", PX(b), PY(k));
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", PX(b) + 6, PY(k) - 6 - 12 * (i % 2), r[i].name);
+    }
+#undef PX
+#undef PY
+    fprintf(f, "</svg>\n");
+    if (fclose(f) != 0) { snprintf(err, errlen, "%s: write failed", path); return -1; }
+    return 0;
+}
+
+/* Sums for one layer: squared errors and norms, cosine sums and counts. */
+typedef struct {
+    double k_err, k_norm, k_cos, v_err, v_norm, v_cos, o_err, o_norm;
+    long nvec, nout;
+} LayerStats;
+
+static void vec_stats(const float *x, const float *y, int d, double *err, double *norm, double *cos) {
+    double e = 0, xx = 0, yy = 0, xy = 0;
+    for (int j = 0; j < d; j++) {
+        e += (double)(x[j] - y[j]) * (x[j] - y[j]);
+        xx += (double)x[j] * x[j], yy += (double)y[j] * y[j], xy += (double)x[j] * y[j];
+    }
+    *err += e, *norm += xx;
+    *cos += xx > 0 && yy > 0 ? xy / sqrt(xx * yy) : 1;
+}
+
+int kvstats_run(Model *m, const KVSpec *spec, const int *ids, int n_ids, FILE *f, char *err, size_t errlen) {
+    const Config *c = &m->cfg;
+    const int nl = c->n_layers, nkv = c->n_kv_heads, d = c->head_dim, grp = c->n_heads / nkv;
+    const int qd = c->n_heads * d, B = m->s.cap;
+    KVSpec f32spec;
+    KVCache ref = {0}, mine = {0}, sch = {0};
+    LayerStats *ls = calloc((size_t)nl, sizeof(LayerStats));
+    float *trace = malloc((size_t)nl * B * qd * sizeof(float)), *scr = malloc(attn_scratch_floats(grp, d) * sizeof(float));
+    float *o1 = malloc((size_t)grp * d * sizeof(float)), *o2 = malloc((size_t)grp * d * sizeof(float));
+    float x[KV_MAX_DIM], y[KV_MAX_DIM];
+    int rc = -1;
+    if (!ls || !trace || !scr || !o1 || !o2) { snprintf(err, errlen, "kvstats: out of memory"); goto done; }
+    kv_spec_parse("f32", &f32spec, err, errlen);
+    /* ref: the model's own f32 cache; mine/sch: f32 and scheme copies grown
+     * one position at a time so each query sees exactly its causal prefix */
+    if (model_kv_init(m, &ref, &f32spec, n_ids, 0, err, errlen) || model_kv_init(m, &mine, &f32spec, n_ids, 0, err, errlen) ||
+        model_kv_init(m, &sch, spec, n_ids, 0, err, errlen))
+        goto done;
+    m->trace_q = trace;
+    for (int off = 0; off < n_ids; off += B) {
+        int nb = n_ids - off < B ? n_ids - off : B;
+        if (model_forward(m, &ref, ids + off, nb, NULL, 0, NULL, err, errlen)) goto done;
+        for (int l = 0; l < nl; l++)
+            for (int h = 0; h < nkv; h++)
+                for (int t = off; t < off + nb; t++) {
+                    LayerStats *s = &ls[l];
+                    kv_stream_get(kv_k(&ref, l, h), t, x);
+                    kv_stream_append(kv_k(&mine, l, h), x);
+                    kv_stream_append(kv_k(&sch, l, h), x);
+                    kv_stream_get(kv_k(&sch, l, h), t, y);
+                    vec_stats(x, y, d, &s->k_err, &s->k_norm, &s->k_cos);
+                    kv_stream_get(kv_v(&ref, l, h), t, x);
+                    kv_stream_append(kv_v(&mine, l, h), x);
+                    kv_stream_append(kv_v(&sch, l, h), x);
+                    kv_stream_get(kv_v(&sch, l, h), t, y);
+                    vec_stats(x, y, d, &s->v_err, &s->v_norm, &s->v_cos);
+                    s->nvec++;
+                    const float *q = trace + ((size_t)l * B + (t - off)) * qd + (size_t)h * grp * d;
+                    float scale = 1.0f / sqrtf((float)d);
+                    attn_group(kv_k(&mine, l, h), kv_v(&mine, l, h), q, grp, scale, o1, scr);
+                    attn_group(kv_k(&sch, l, h), kv_v(&sch, l, h), q, grp, scale, o2, scr);
+                    double cs = 0;
+                    vec_stats(o1, o2, grp * d, &s->o_err, &s->o_norm, &cs);
+                    s->nout++;
+                }
+    }
+    char name[64];
+    kv_spec_name(spec, name, sizeof name);
+    fprintf(f, "kvstats %s over %d tokens (errors relative: sqrt(sum |x - x^|^2 / sum |x|^2))\n", name, n_ids);
+    fprintf(f, "| layer | K cos | K rel err | V cos | V rel err | attn out rel err |\n|---:|---:|---:|---:|---:|---:|\n");
+    for (int l = 0; l < nl; l++) {
+        LayerStats *s = &ls[l];
+        fprintf(f, "| %d | %.5f | %.4f | %.5f | %.4f | %.4f |\n", l, s->k_cos / s->nvec, sqrt(s->k_err / s->k_norm),
+                s->v_cos / s->nvec, sqrt(s->v_err / s->v_norm), sqrt(s->o_err / s->o_norm));
+    }
+    rc = 0;
+done:
+    m->trace_q = NULL;
+    if (ref.k) kv_cache_free(&ref);
+    if (mine.k) kv_cache_free(&mine);
+    if (sch.k) kv_cache_free(&sch);
+    free(ls), free(trace), free(scr), free(o1), free(o2);
+    return rc;
+}

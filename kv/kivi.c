@@ -1,0 +1,503 @@
+/* kivi.c: KIVI (Liu et al. 2024, arXiv 2402.02750; reference code
+ * jy-yuan/KIVI), 2- or 4-bit asymmetric quantization with keys grouped per
+ * channel over G tokens, values grouped per token over G channels, and the
+ * newest tokens kept in full precision.
+ *
+ * Data flow: kv_stream_append writes each vector into a float ring; a K
+ * stream (s->role 0) quantizes its window R tokens at a time, a V stream
+ * (role 1) quantizes the token that falls out of its R-token FIFO.
+ * Attention reads [quantized | window] through kivi_score (K, zero point
+ * factored out per group) and kivi_accum (V, zero point summed per group).
+ *
+ * Per group: s = (max - min) / (2^b - 1), z = min, both fp16;
+ * code = round(clamp((x - z) / s, 0, 2^b - 1)) with the fp16 s and z
+ * (code 0 when s = 0, so constant input comes back as z, exactly when it is
+ * an fp16 value); x̂ = code·s + z.
+ * A row packs d codes little-endian, code c at bit c·b: b = 4, even c in the
+ * low nibble of byte c/2; b = 2, byte c/4 holds c..c+3 at bits 0,2,4,6.
+ *
+ *   K block (G tokens): | fp16 s[d] | fp16 z[d] | row tok 0 | ... | row tok G-1 |
+ *   V token:            | fp16 s[d/G] | fp16 z[d/G] | row |
+ *   ring (f32, both):   | x[d] slot 0 | ... | x[d] slot RING-1 |, token t in slot t % RING
+ *
+ * Both layouts take 4d/G + d·b/8 bytes per position; storage is sized for
+ * cap positions. Quantized counts follow from len alone:
+ *   K: the first len - len % R tokens (the window flushes all R at once),
+ *   V: the first max(0, len - R) tokens (oldest out when the FIFO hits R + 1).
+ * The ring holds the last RING = min(cap, R + KV_MAX_ROLLBACK) tokens in
+ * f32: the R-token window plus a 64-token shadow, enough for any rollback to
+ * n >= len - 64 to find its new window in full precision (K: from
+ * n - n % R >= len - 64 - R + 1; V: from n - R). Truncation is therefore
+ * bookkeeping, and re-appended tokens are requantized from the same floats,
+ * bit for bit. The shadow costs 64·d·4 bytes per stream (32 KiB at d = 128)
+ * and is counted in bytes(), with the window.
+ */
+#include "kernels/half.h"
+#include "kernels/matmul.h"
+#include "kernels/vec.h"
+#include "kv/kv.h"
+
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KIVI_G 32  /* default group length (paper: 32) */
+#define KIVI_R 128 /* default residual window (paper: 128) */
+/* Context over which bits() amortises the f32 ring, so that the table's
+ * number equals bytes()/cap at cap = 4096. */
+#define KIVI_BITS_CTX 4096
+/* Query heads handled per pass over the cache (scratch on the stack). */
+#define HEADS 8
+
+typedef struct {
+    int b;        /* bits per code: 2 or 4 */
+    int G, R;     /* group length, residual window */
+    int ring_n;   /* slots in the ring */
+    size_t row;   /* bytes of one packed row of d codes */
+    size_t unit;  /* bytes of one K block (G tokens) or one V token */
+    float *ring;  /* [ring_n][d] full-precision tokens */
+} Kivi;
+
+static int group_of(const KVOpts *o) { return o->group ? o->group : KIVI_G; }
+static int resid_of(const KVOpts *o) { return o->residual ? o->residual : KIVI_R; }
+
+static double bits_for(int b, int d, const KVOpts *o) {
+    int G = group_of(o), R = resid_of(o);
+    (void)d;
+    return b + 32.0 / G + 32.0 * (R + KV_MAX_ROLLBACK) / KIVI_BITS_CTX;
+}
+static double kivi2_bits(int d, const KVOpts *o) { return bits_for(2, d, o); }
+static double kivi4_bits(int d, const KVOpts *o) { return bits_for(4, d, o); }
+
+static int kivi_check(int d, const KVOpts *o, char *err, size_t errlen) {
+    int G = group_of(o), R = resid_of(o);
+    if (G > R || R % G) {
+        snprintf(err, errlen, "kivi: residual R must be a multiple of group G (G <= R), found g%d:r%d", G, R);
+        return -1;
+    }
+    if (d % G) {
+        snprintf(err, errlen, "kivi: head_dim must be a multiple of group G for per-token V groups, found d=%d g%d", d,
+                 G);
+        return -1;
+    }
+    return 0;
+}
+
+static void kivi_free(KVStream *s) {
+    Kivi *k = s->aux;
+    if (k) free(k->ring);
+    free(k);
+    free(s->data);
+}
+
+/* Storage units for cap positions: K blocks of G tokens, or V tokens. */
+static size_t n_units(const KVStream *s, int G) {
+    return s->role == 0 ? (size_t)(s->cap + G - 1) / G : (size_t)s->cap;
+}
+
+static int init_bits(KVStream *s, int b, char *err, size_t errlen) {
+    Kivi *k = calloc(1, sizeof *k);
+    if (!k) { snprintf(err, errlen, "kivi: out of memory"); return -1; }
+    k->b = b;
+    k->G = group_of(&s->opts);
+    k->R = resid_of(&s->opts);
+    k->ring_n = s->cap < k->R + KV_MAX_ROLLBACK ? s->cap : k->R + KV_MAX_ROLLBACK;
+    k->row = ((size_t)s->d * b + 7) / 8;
+    /* K: scales and zeros per channel, then G rows; V: per group, then one row */
+    k->unit = s->role == 0 ? 4 * (size_t)s->d + (size_t)k->G * k->row : 4 * (size_t)(s->d / k->G) + k->row;
+    s->aux = k;
+    s->data = calloc(n_units(s, k->G), k->unit);
+    k->ring = malloc((size_t)k->ring_n * s->d * sizeof(float));
+    if (!s->data || !k->ring) {
+        snprintf(err, errlen, "kivi: out of memory for %d positions", s->cap);
+        kivi_free(s);
+        s->aux = NULL;
+        s->data = NULL;
+        return -1;
+    }
+    return 0;
+}
+static int kivi2_init(KVStream *s, char *err, size_t errlen) { return init_bits(s, 2, err, errlen); }
+static int kivi4_init(KVStream *s, char *err, size_t errlen) { return init_bits(s, 4, err, errlen); }
+
+static size_t kivi_bytes(const KVStream *s) {
+    const Kivi *k = s->aux;
+    return n_units(s, k->G) * k->unit + (size_t)k->ring_n * s->d * sizeof(float);
+}
+
+/* Positions held quantized when len are stored (the rest are in the ring). */
+static int n_quant(const KVStream *s, int len) {
+    const Kivi *k = s->aux;
+    if (s->role == 0) return len - len % k->R;
+    return len > k->R ? len - k->R : 0;
+}
+
+static float *slot(const KVStream *s, int t) {
+    const Kivi *k = s->aux;
+    return k->ring + (size_t)(t % k->ring_n) * s->d;
+}
+
+/* fp16 fields may sit at odd offsets (odd row lengths), so they are read bytewise. */
+static float ld16(const uint8_t *p, int i) {
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return f16_to_f32(h);
+}
+
+static int get_code(const uint8_t *row, int c, int b) { return row[c * b / 8] >> (c * b % 8) & ((1 << b) - 1); }
+static void put_code(uint8_t *row, int c, int b, int q) { row[c * b / 8] |= (uint8_t)(q << (c * b % 8)); }
+
+/* One group of n values: fp16 scale and zero into *sh, *zh, codes into q[n],
+ * computed with the fp16 values that dequantization will use. */
+static void quant_group(const float *v, int n, int b, uint16_t *sh, uint16_t *zh, uint8_t *q) {
+    const float top = (float)((1 << b) - 1);
+    float mn = v[0], mx = v[0];
+    for (int i = 1; i < n; i++) {
+        mn = v[i] < mn ? v[i] : mn;
+        mx = v[i] > mx ? v[i] : mx;
+    }
+    *sh = f32_to_f16((mx - mn) / top);
+    *zh = f32_to_f16(mn);
+    float s = f16_to_f32(*sh), z = f16_to_f32(*zh);
+    for (int i = 0; i < n; i++) {
+        /* s = 0 (constant group, or a range below fp16's reach): all codes 0, x̂ = z */
+        float u = s > 0 ? (v[i] - z) / s : 0;
+        u = u < 0 ? 0 : u > top ? top : u;
+        q[i] = (uint8_t)(u + 0.5f);
+    }
+}
+
+/* Quantizes the window tokens [t0, t0 + R) into R/G key blocks; per block
+ * and channel c, one group = channel c of the block's G tokens. */
+static void flush_keys(KVStream *s, int t0) {
+    const Kivi *k = s->aux;
+    const int d = s->d;
+    for (int tb = t0; tb < t0 + k->R; tb += k->G) {
+        uint8_t *blk = s->data + (size_t)(tb / k->G) * k->unit, *rows = blk + 4 * (size_t)d;
+        memset(rows, 0, (size_t)k->G * k->row);
+        for (int c = 0; c < d; c++) {
+            float g[KV_MAX_DIM]; /* G <= d <= KV_MAX_DIM, by kivi_check */
+            uint8_t q[KV_MAX_DIM];
+            uint16_t sh, zh;
+            for (int i = 0; i < k->G; i++) g[i] = slot(s, tb + i)[c];
+            quant_group(g, k->G, k->b, &sh, &zh, q);
+            memcpy(blk + 2 * (size_t)c, &sh, 2);
+            memcpy(blk + 2 * (size_t)(d + c), &zh, 2);
+            for (int i = 0; i < k->G; i++) put_code(rows + (size_t)i * k->row, c, k->b, q[i]);
+        }
+    }
+}
+
+/* Quantizes value token t from its ring slot: d/G groups of G channels. */
+static void quant_value(KVStream *s, int t) {
+    const Kivi *k = s->aux;
+    const int ng = s->d / k->G;
+    uint8_t *u = s->data + (size_t)t * k->unit, *row = u + 4 * (size_t)ng;
+    const float *x = slot(s, t);
+    memset(row, 0, k->row);
+    for (int g = 0; g < ng; g++) {
+        uint8_t q[KV_MAX_DIM];
+        uint16_t sh, zh;
+        quant_group(x + g * k->G, k->G, k->b, &sh, &zh, q);
+        memcpy(u + 2 * (size_t)g, &sh, 2);
+        memcpy(u + 2 * (size_t)(ng + g), &zh, 2);
+        for (int j = 0; j < k->G; j++) put_code(row, g * k->G + j, k->b, q[j]);
+    }
+}
+
+/* Token t = len goes into the ring; a K window that now holds R tokens is
+ * flushed whole, a V FIFO that now holds R + 1 quantizes its oldest. */
+static void kivi_append(KVStream *s, const float *x) {
+    const Kivi *k = s->aux;
+    const int t = s->len;
+    memcpy(slot(s, t), x, (size_t)s->d * sizeof(float));
+    if (s->role == 0) {
+        if ((t + 1) % k->R == 0) flush_keys(s, t + 1 - k->R);
+    } else if (t >= k->R) {
+        quant_value(s, t - k->R);
+    }
+}
+
+/* The ring still holds every token the shorter stream keeps in full
+ * precision (see the header), and what is quantized follows from len. */
+static void kivi_truncate(KVStream *s, int n) { (void)s; (void)n; }
+
+static void kivi_dequant(const KVStream *s, int t, float *out) {
+    const Kivi *k = s->aux;
+    const int d = s->d;
+    if (t >= n_quant(s, s->len)) {
+        memcpy(out, slot(s, t), (size_t)d * sizeof(float));
+    } else if (s->role == 0) {
+        const uint8_t *blk = s->data + (size_t)(t / k->G) * k->unit;
+        const uint8_t *row = blk + 4 * (size_t)d + (size_t)(t % k->G) * k->row;
+        for (int c = 0; c < d; c++) out[c] = get_code(row, c, k->b) * ld16(blk, c) + ld16(blk, d + c);
+    } else {
+        const int ng = d / k->G;
+        const uint8_t *u = s->data + (size_t)t * k->unit, *row = u + 4 * (size_t)ng;
+        for (int c = 0; c < d; c++) out[c] = get_code(row, c, k->b) * ld16(u, c / k->G) + ld16(u, ng + c / k->G);
+    }
+}
+
+/* Per key block, for nh heads: qs_i[c] = q_i[c]·s_c and bias_i = Σ_c q_i[c]·z_c,
+ * so a token's score is qs_i · code_t + bias_i. */
+static void prep_block(const KVStream *s, const uint8_t *blk, const float *q, int nh, float (*qs)[KV_MAX_DIM],
+                       float *bias) {
+    const int d = s->d;
+    float sc[KV_MAX_DIM], z[KV_MAX_DIM];
+    for (int c = 0; c < d; c++) {
+        sc[c] = ld16(blk, c);
+        z[c] = ld16(blk, d + c);
+    }
+    for (int i = 0; i < nh; i++) {
+        const float *qi = q + (size_t)i * d;
+        float b = 0;
+        for (int c = 0; c < d; c++) {
+            qs[i][c] = qi[c] * sc[c];
+            b += qi[c] * z[c];
+        }
+        bias[i] = b;
+    }
+}
+
+/* Window positions [t0, t1) of either role: plain f32 dots. */
+static void score_window(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo, int base) {
+    for (int t = t0; t < t1; t++)
+        for (int i = 0; i < nq; i++) out[(size_t)i * ldo + (t - base)] = vec_dot_f32(q + (size_t)i * s->d, slot(s, t), s->d);
+}
+
+static void accum_window(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc, int base) {
+    for (int t = t0; t < t1; t++)
+        for (int i = 0; i < nq; i++)
+            vec_axpy_f32(acc + (size_t)i * s->d, p[(size_t)i * ldp + (t - base)], slot(s, t), s->d);
+}
+
+/* Plain C K score: blocks of G quantized tokens, each block's qs/bias
+ * prepared once for up to HEADS heads, then the window. */
+static void score_keys_c(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const Kivi *k = s->aux;
+    const int d = s->d, nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
+    float qs[HEADS][KV_MAX_DIM], bias[HEADS];
+    for (int h0 = 0; h0 < nq; h0 += HEADS) {
+        const int nh = nq - h0 < HEADS ? nq - h0 : HEADS;
+        for (int t = t0; t < tq;) {
+            const int bi = t / k->G, te = (bi + 1) * k->G < tq ? (bi + 1) * k->G : tq;
+            const uint8_t *blk = s->data + (size_t)bi * k->unit, *rows = blk + 4 * (size_t)d;
+            prep_block(s, blk, q + (size_t)h0 * d, nh, qs, bias);
+            for (; t < te; t++) {
+                const uint8_t *row = rows + (size_t)(t - bi * k->G) * k->row;
+                for (int i = 0; i < nh; i++) {
+                    float a = 0;
+                    for (int c = 0; c < d; c++) a += qs[i][c] * get_code(row, c, k->b);
+                    out[(size_t)(h0 + i) * ldo + (t - t0)] = a + bias[i];
+                }
+            }
+        }
+    }
+    score_window(s, q, nq, t0 > tq ? t0 : tq, t1, out, ldo, t0);
+}
+
+/* Plain C V accumulate: per token and group, acc_i += (p_i·s_g)·code, while
+ * Σ_t p_i·z_g collects per head and group and is added once at the end. */
+static void accum_values_c(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const Kivi *k = s->aux;
+    const int d = s->d, G = k->G, ng = d / G, nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
+    float zs[HEADS][KV_MAX_DIM];
+    for (int h0 = 0; h0 < nq; h0 += HEADS) {
+        const int nh = nq - h0 < HEADS ? nq - h0 : HEADS;
+        for (int i = 0; i < nh; i++) memset(zs[i], 0, (size_t)ng * sizeof(float));
+        for (int t = t0; t < tq; t++) {
+            const uint8_t *u = s->data + (size_t)t * k->unit, *row = u + 4 * (size_t)ng;
+            for (int g = 0; g < ng; g++) {
+                const float sg = ld16(u, g), zg = ld16(u, ng + g);
+                for (int i = 0; i < nh; i++) {
+                    const float w = p[(size_t)(h0 + i) * ldp + (t - t0)], ws = w * sg;
+                    float *ai = acc + (size_t)(h0 + i) * d;
+                    zs[i][g] += w * zg;
+                    for (int c = g * G; c < (g + 1) * G; c++) ai[c] += ws * get_code(row, c, k->b);
+                }
+            }
+        }
+        for (int i = 0; i < nh; i++)
+            for (int c = 0; c < d; c++) acc[(size_t)(h0 + i) * d + c] += zs[i][c / G];
+    }
+    accum_window(s, p, ldp, nq, t0 > tq ? t0 : tq, t1, acc, t0);
+}
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 static inline float hsum(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* 8 codes as floats from their b bytes at p (a row at channel c, c % 8 == 0,
+ * starts at byte c·b/8): one little-endian word, broadcast, shifted by
+ * 0, b, .., 7b, masked. */
+AVX2 static inline __m256 unpack8(const uint8_t *p, int b, __m256i sh, __m256i mask) {
+    uint32_t w = 0;
+    if (b == 4) memcpy(&w, p, 4);
+    else memcpy(&w, p, 2);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), mask));
+}
+
+AVX2 static inline __m256i shifts(int b) { return _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b); }
+
+/* ld16 through F16C. */
+AVX2 static inline float ld16_f16c(const uint8_t *p, int i) {
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return _cvtsh_ss(h);
+}
+
+/* prep_block through F16C (d % 8 == 0): 8 scales and zeros widened a step. */
+AVX2 static void prep_block_avx2(const KVStream *s, const uint8_t *blk, const float *q, int nh,
+                                 float (*qs)[KV_MAX_DIM], float *bias) {
+    const int d = s->d;
+    for (int i = 0; i < nh; i++) {
+        const float *qi = q + (size_t)i * d;
+        __m256 bz = _mm256_setzero_ps();
+        for (int c = 0; c < d; c += 8) {
+            __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 2 * (size_t)c)));
+            __m256 z = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 2 * (size_t)(d + c))));
+            __m256 qv = _mm256_loadu_ps(qi + c);
+            _mm256_storeu_ps(qs[i] + c, _mm256_mul_ps(qv, sc));
+            bz = _mm256_fmadd_ps(qv, z, bz);
+        }
+        bias[i] = hsum(bz);
+    }
+}
+
+/* Quantized key positions [t0, t1) for nh heads, the window excluded.
+ * Inlined with nh a constant (see score_keys_avx2), so the accumulators stay
+ * in registers: each row is unpacked 8 codes at a time, each chunk feeding
+ * every head's qs (scratch [HEADS][KV_MAX_DIM]). out is indexed from base. */
+AVX2 static inline __attribute__((always_inline)) void score_heads(const KVStream *s, const float *qh, int nh, int t0,
+                                                                    int t1, float *out, int ldo, int base,
+                                                                    float (*qs)[KV_MAX_DIM]) {
+    const Kivi *k = s->aux;
+    const int d = s->d, b = k->b;
+    const __m256i sh = shifts(b), mask = _mm256_set1_epi32((1 << b) - 1);
+    float bias[HEADS];
+    for (int t = t0; t < t1;) {
+        const int bi = t / k->G, te = (bi + 1) * k->G < t1 ? (bi + 1) * k->G : t1;
+        const uint8_t *blk = s->data + (size_t)bi * k->unit, *rows = blk + 4 * (size_t)d;
+        prep_block_avx2(s, blk, qh, nh, qs, bias);
+        for (; t < te; t++) {
+            const uint8_t *row = rows + (size_t)(t - bi * k->G) * k->row;
+            __m256 acc[HEADS];
+            for (int i = 0; i < nh; i++) acc[i] = _mm256_setzero_ps();
+            const uint8_t *pc = row;
+            for (int c = 0; c < d; c += 8, pc += b) {
+                __m256 cf = unpack8(pc, b, sh, mask);
+                for (int i = 0; i < nh; i++) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs[i] + c), cf, acc[i]);
+            }
+            for (int i = 0; i < nh; i++) out[(size_t)i * ldo + (t - base)] = hsum(acc[i]) + bias[i];
+        }
+    }
+}
+
+/* AVX2 K score (d % 8 == 0): heads in tiles of up to HEADS, each tile size
+ * a separate inlined copy; then the window. */
+AVX2 static void score_keys_avx2(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const int nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
+    float qs[HEADS][KV_MAX_DIM];
+    for (int h0 = 0; h0 < nq && t0 < tq; h0 += HEADS) {
+        const float *qh = q + (size_t)h0 * s->d;
+        float *o = out + (size_t)h0 * ldo;
+        switch (nq - h0 < HEADS ? nq - h0 : HEADS) {
+        case 1: score_heads(s, qh, 1, t0, tq, o, ldo, t0, qs); break;
+        case 2: score_heads(s, qh, 2, t0, tq, o, ldo, t0, qs); break;
+        case 3: score_heads(s, qh, 3, t0, tq, o, ldo, t0, qs); break;
+        case 4: score_heads(s, qh, 4, t0, tq, o, ldo, t0, qs); break;
+        case 5: score_heads(s, qh, 5, t0, tq, o, ldo, t0, qs); break;
+        case 6: score_heads(s, qh, 6, t0, tq, o, ldo, t0, qs); break;
+        case 7: score_heads(s, qh, 7, t0, tq, o, ldo, t0, qs); break;
+        default: score_heads(s, qh, 8, t0, tq, o, ldo, t0, qs); break;
+        }
+    }
+    score_window(s, q, nq, t0 > tq ? t0 : tq, t1, out, ldo, t0);
+}
+
+/* Quantized value positions [t0, t1) for nh heads, b bits, the window
+ * excluded; inlined with b constant (see accum_values_avx2). Per token and
+ * group the weights p_i·s_g are broadcast once, each 8-code chunk is
+ * unpacked once for all nh heads, and Σ_t p_i·z_g goes to zs[i][g]. */
+AVX2 static inline __attribute__((always_inline)) void accum_heads(const KVStream *s, const float *p, int ldp, int nh,
+                                                                    int b, int t0, int t1, float *acc,
+                                                                    float (*zs)[KV_MAX_DIM]) {
+    const Kivi *k = s->aux;
+    const int d = s->d, G = k->G, ng = d / G;
+    const size_t unit = k->unit;
+    const __m256i sh = shifts(b), mask = _mm256_set1_epi32((1 << b) - 1);
+    for (int t = t0; t < t1; t++) {
+        const uint8_t *u = s->data + (size_t)t * unit, *row = u + 4 * (size_t)ng;
+        for (int g = 0; g < ng; g++) {
+            const float sg = ld16_f16c(u, g), zg = ld16_f16c(u, ng + g);
+            __m256 ws[HEADS];
+            for (int i = 0; i < nh; i++) {
+                const float w = p[(size_t)i * ldp + (t - t0)];
+                ws[i] = _mm256_set1_ps(w * sg);
+                zs[i][g] += w * zg;
+            }
+            const uint8_t *pc = row + g * G * b / 8;
+            for (int c = g * G; c < (g + 1) * G; c += 8, pc += b) {
+                __m256 cf = unpack8(pc, b, sh, mask);
+                for (int i = 0; i < nh; i++) {
+                    float *ai = acc + (size_t)i * d + c;
+                    _mm256_storeu_ps(ai, _mm256_fmadd_ps(ws[i], cf, _mm256_loadu_ps(ai)));
+                }
+            }
+        }
+    }
+}
+
+/* AVX2 V accumulate (G % 8 == 0): heads in tiles of up to HEADS, the
+ * per-group zero sums added once per tile; then the window. */
+AVX2 static void accum_values_avx2(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const Kivi *k = s->aux;
+    const int d = s->d, G = k->G, ng = d / G, nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
+    float zs[HEADS][KV_MAX_DIM];
+    for (int h0 = 0; h0 < nq && t0 < tq; h0 += HEADS) {
+        const int nh = nq - h0 < HEADS ? nq - h0 : HEADS;
+        const float *ph = p + (size_t)h0 * ldp;
+        float *ah = acc + (size_t)h0 * d;
+        for (int i = 0; i < nh; i++) memset(zs[i], 0, (size_t)ng * sizeof(float));
+        if (k->b == 2) accum_heads(s, ph, ldp, nh, 2, t0, tq, ah, zs);
+        else accum_heads(s, ph, ldp, nh, 4, t0, tq, ah, zs);
+        for (int i = 0; i < nh; i++)
+            for (int c = 0; c < d; c++) ah[(size_t)i * d + c] += zs[i][c / G];
+    }
+    accum_window(s, p, ldp, nq, t0 > tq ? t0 : tq, t1, acc, t0);
+}
+
+/* Keys have the factored fast path; a V stream is scored by the reference. */
+static void kivi_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    if (s->role != 0) kv_score_ref(s, q, nq, t0, t1, out, ldo);
+    else if (kernels_level() > 0 && s->d % 8 == 0) score_keys_avx2(s, q, nq, t0, t1, out, ldo);
+    else score_keys_c(s, q, nq, t0, t1, out, ldo);
+}
+
+/* Values have the factored fast path; a K stream is summed by the reference. */
+static void kivi_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const Kivi *k = s->aux;
+    if (s->role != 1) kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
+    else if (kernels_level() > 0 && k->G % 8 == 0) accum_values_avx2(s, p, ldp, nq, t0, t1, acc);
+    else accum_values_c(s, p, ldp, nq, t0, t1, acc);
+}
+
+const KVScheme kv_kivi2 = {
+    .name = "kivi2", .desc = "KIVI 2-bit: K per channel, V per token, f32 window (g32:r128)",
+    .bits = kivi2_bits, .check = kivi_check, .init = kivi2_init, .free = kivi_free,
+    .append = kivi_append, .truncate = kivi_truncate, .dequant = kivi_dequant,
+    .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes,
+};
+
+const KVScheme kv_kivi4 = {
+    .name = "kivi4", .desc = "KIVI 4-bit: K per channel, V per token, f32 window (g32:r128)",
+    .bits = kivi4_bits, .check = kivi_check, .init = kivi4_init, .free = kivi_free,
+    .append = kivi_append, .truncate = kivi_truncate, .dequant = kivi_dequant,
+    .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes,
+};

@@ -1,0 +1,491 @@
+/* lowbit.c: code packing, block encode/decode and the AVX2 score/accumulate
+ * kernels of the packed low-bit KV schemes (layouts in lowbit.h).
+ *
+ * Decoding 8 codes costs two or three instructions: one 32-bit broadcast of
+ * the bytes holding them, a per-lane variable shift that moves code k to the
+ * bottom of lane k, and vpermps, which looks the lane up in an 8-entry
+ * codebook held in a register using only the lane's low 3 bits (so nothing
+ * needs masking). 4-bit codes use two 8-entry halves blended on bit 3; q4_0
+ * nibbles are integers and are converted instead. The 8 decoded values then
+ * feed one FMA per query head, so a group of up to 4 heads shares every
+ * decode; wider groups are split. Per-block scales are applied once per
+ * block (score) or folded into the softmax weights (accumulate).
+ */
+#include "kv/lowbit.h"
+#include "kernels/half.h"
+#include "kernels/matmul.h"
+#include "kv/lloydmax.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void lb_fmt(LbFmt *f, int kind, int n, int nb, int hdr, int renorm, float cb_scale) {
+    memset(f, 0, sizeof *f);
+    f->kind = kind;
+    f->n = n;
+    f->nb = nb;
+    f->hdr = hdr;
+    f->renorm = renorm;
+    f->blk_bytes = hdr + (kind == LB_Q4_0 ? 16 : n * kind / 8);
+    f->vec_bytes = nb * f->blk_bytes;
+    if (kind != LB_Q4_0) lm_codebook(kind, cb_scale, f->cb, f->mid);
+}
+
+int lb_code(const uint8_t *qs, int bits, int j) {
+    if (bits == 4) return (qs[j >> 1] >> ((j & 1) * 4)) & 15;
+    if (bits == 2) return (qs[j >> 2] >> ((j & 3) * 2)) & 3;
+    const uint8_t *w = qs + 3 * (j / 8); /* the 24-bit word of j's group of 8 */
+    uint32_t v = (uint32_t)w[0] | (uint32_t)w[1] << 8 | (uint32_t)w[2] << 16;
+    return (int)(v >> (3 * (j % 8))) & 7;
+}
+
+float lb_encode(const LbFmt *f, const float *y, uint8_t *qs) {
+    const int bits = f->kind, k = 1 << bits;
+    float nn = 0;
+    memset(qs, 0, (size_t)(f->n * bits / 8));
+    for (int j = 0; j < f->n; j++) {
+        int i = lm_nearest(f->mid, k, y[j]);
+        nn += f->cb[i] * f->cb[i];
+        if (bits == 4) qs[j >> 1] |= (uint8_t)(i << ((j & 1) * 4));
+        else if (bits == 2) qs[j >> 2] |= (uint8_t)(i << ((j & 3) * 2));
+        else {
+            /* bit 3k of a little-endian 24-bit word: byte (3k)/8, shift (3k)%8 */
+            int bit = 3 * (j % 8), at = 3 * (j / 8) + bit / 8;
+            uint32_t v = (uint32_t)i << (bit % 8);
+            qs[at] |= (uint8_t)v;
+            if (v >> 8) qs[at + 1] |= (uint8_t)(v >> 8);
+        }
+    }
+    return sqrtf(nn);
+}
+
+/* The value a block's header stores (fp16 or fp32). */
+static float header(const uint8_t *blk, int hdr) {
+    if (hdr == 4) {
+        float g;
+        memcpy(&g, blk, 4);
+        return g;
+    }
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    return f16_to_f32(h);
+}
+
+void lb_dequant(const LbFmt *f, const uint8_t *vec, float *out) {
+    for (int b = 0; b < f->nb; b++, vec += f->blk_bytes, out += f->n) {
+        const uint8_t *qs = vec + f->hdr;
+        float s = header(vec, f->hdr);
+        if (f->kind == LB_Q4_0) {
+            for (int j = 0; j < 16; j++) {
+                out[j] = (float)((qs[j] & 15) - 8) * s;
+                out[j + 16] = (float)((qs[j] >> 4) - 8) * s;
+            }
+            continue;
+        }
+        if (f->renorm) {
+            float nn = 0;
+            for (int j = 0; j < f->n; j++) nn += f->cb[lb_code(qs, f->kind, j)] * f->cb[lb_code(qs, f->kind, j)];
+            s /= sqrtf(nn);
+        }
+        for (int j = 0; j < f->n; j++) out[j] = s * f->cb[lb_code(qs, f->kind, j)];
+    }
+}
+
+/* ---- AVX2 kernels -------------------------------------------------------- */
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+
+/* Per-call decode constants: codebook halves and the lane shifts. */
+typedef struct {
+    __m256 lo, hi;
+    __m256i sh;
+} Dec;
+
+AVX2_INLINE Dec dec_init(const LbFmt *f, const int kind) {
+    Dec z = {_mm256_loadu_ps(f->cb), _mm256_loadu_ps(f->cb + 8), _mm256_setzero_si256()};
+    if (kind == LB_IDX4) z.sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    /* 3-bit groups are loaded from one byte early (see dec8), hence the +8 */
+    if (kind == LB_IDX3) z.sh = _mm256_setr_epi32(8, 11, 14, 17, 20, 23, 26, 29);
+    if (kind == LB_IDX2) {
+        /* entries 4..7 repeat 0..3, so bit 2 (the next code's) is ignored */
+        z.lo = _mm256_setr_ps(f->cb[0], f->cb[1], f->cb[2], f->cb[3], f->cb[0], f->cb[1], f->cb[2], f->cb[3]);
+        z.sh = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
+    }
+    return z;
+}
+
+/* Values 8g..8g+7 of a block whose codes start at qs, unscaled. The 32-bit
+ * loads for 3 and 2 bits end at the group's last byte and so start up to 2
+ * bytes before qs, inside the block's own header: never past the vector. */
+AVX2_INLINE __m256 dec8(const int kind, const Dec *z, const uint8_t *qs, int g) {
+    if (kind == LB_Q4_0) {
+        /* group g: nibble g >> 1 of bytes 8(g & 1) .. +7, as (q - 8) */
+        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * (g & 1))));
+        b = g & 2 ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(15));
+        return _mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(8)));
+    }
+    const uint8_t *at = kind == LB_IDX4 ? qs + 4 * g : kind == LB_IDX3 ? qs + 3 * g - 1 : qs + 2 * g - 2;
+    __m256i idx = _mm256_srlv_epi32(_mm256_broadcastd_epi32(_mm_loadu_si32(at)), z->sh);
+    __m256 c = _mm256_permutevar8x32_ps(z->lo, idx);
+    if (kind == LB_IDX4)
+        c = _mm256_blendv_ps(c, _mm256_permutevar8x32_ps(z->hi, idx), _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+    return c;
+}
+
+AVX2_INLINE float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The stored scale; F16C for the fp16 one. */
+AVX2_INLINE float header_avx2(const uint8_t *blk, int hdr) {
+    if (hdr == 4) {
+        float g;
+        memcpy(&g, blk, 4);
+        return g;
+    }
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ‖cb[idx]‖² of one block's codes (polar4's norm correction). */
+AVX2_INLINE float code_norm2(const int kind, const Dec *z, const uint8_t *qs, int ng) {
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (int g = 0; g < ng; g += 2) {
+        __m256 k0 = dec8(kind, z, qs, g), k1 = dec8(kind, z, qs, g + 1);
+        a = _mm256_fmadd_ps(k0, k0, a);
+        b = _mm256_fmadd_ps(k1, k1, b);
+    }
+    return hsum(_mm256_add_ps(a, b));
+}
+
+/* out[i][t - t0] = q_i · v_t for NQ <= 4 heads; q [NQ][d] with row stride d.
+ * Two accumulators per head over alternate groups hide FMA latency; each
+ * block's sum is scaled once, one horizontal sum per head and position. */
+AVX2_INLINE void score_body(const LbFmt *f, const int kind, const int NQ, const int renorm, const uint8_t *data,
+                            int d, const float *q, int t0, int t1, float *out, int ldo) {
+    const Dec z = dec_init(f, kind);
+    const int n = kind == LB_Q4_0 ? 32 : f->n;
+    for (int t = t0; t < t1; t++) {
+        const uint8_t *blk = data + (size_t)t * (size_t)f->vec_bytes;
+        __m256 tot[4];
+        for (int i = 0; i < NQ; i++) tot[i] = _mm256_setzero_ps();
+        for (int b = 0; b < f->nb; b++, blk += f->blk_bytes) {
+            const uint8_t *qs = blk + f->hdr;
+            const float *qb = q + (size_t)b * n;
+            __m256 a0[4], a1[4], n0 = _mm256_setzero_ps(), n1 = _mm256_setzero_ps();
+            for (int i = 0; i < NQ; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+            for (int g = 0; g < n / 8; g += 2) {
+                __m256 k0 = dec8(kind, &z, qs, g), k1 = dec8(kind, &z, qs, g + 1);
+                for (int i = 0; i < NQ; i++) {
+                    a0[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qb + (size_t)i * d + 8 * g), k0, a0[i]);
+                    a1[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qb + (size_t)i * d + 8 * g + 8), k1, a1[i]);
+                }
+                if (renorm) {
+                    n0 = _mm256_fmadd_ps(k0, k0, n0);
+                    n1 = _mm256_fmadd_ps(k1, k1, n1);
+                }
+            }
+            float s = header_avx2(blk, f->hdr);
+            if (renorm) s /= sqrtf(hsum(_mm256_add_ps(n0, n1)));
+            const __m256 sv = _mm256_set1_ps(s);
+            for (int i = 0; i < NQ; i++) tot[i] = _mm256_fmadd_ps(sv, _mm256_add_ps(a0[i], a1[i]), tot[i]);
+        }
+        for (int i = 0; i < NQ; i++) out[(size_t)i * ldo + (t - t0)] = hsum(tot[i]);
+    }
+}
+
+enum { TILE = 64 }; /* positions per accumulate tile: TILE · 66 B of codes stay in L1 */
+
+/* acc[i][d] += sum_t p[i][t - t0] v_t for NQ <= 4 heads. Positions go in
+ * tiles: the softmax weights times each position's block scale go to w
+ * first, then each chunk of G groups (8G values) keeps its NQ·G partial sums
+ * in registers over the whole tile. */
+AVX2_INLINE void accum_body(const LbFmt *f, const int kind, const int NQ, const int G, const int renorm,
+                            const uint8_t *data, int d, const float *p, int ldp, int t0, int t1, float *acc) {
+    const Dec z = dec_init(f, kind);
+    const int n = kind == LB_Q4_0 ? 32 : f->n, vb = f->vec_bytes;
+    float w[4][TILE];
+    for (int b = 0; b < f->nb; b++)
+        for (int ta = t0; ta < t1; ta += TILE) {
+            const int tn = t1 - ta < TILE ? t1 - ta : TILE;
+            const uint8_t *base = data + (size_t)ta * (size_t)vb + (size_t)b * (size_t)f->blk_bytes;
+            for (int t = 0; t < tn; t++) {
+                const uint8_t *blk = base + (size_t)t * (size_t)vb;
+                float s = header_avx2(blk, f->hdr);
+                if (renorm) s /= sqrtf(code_norm2(kind, &z, blk + f->hdr, n / 8));
+                for (int i = 0; i < NQ; i++) w[i][t] = p[(size_t)i * ldp + (size_t)(ta - t0 + t)] * s;
+            }
+            for (int c = 0; c < n / 8; c += G) {
+                float *ab = acc + (size_t)b * n + 8 * c;
+                __m256 a[4][4];
+                for (int i = 0; i < NQ; i++)
+                    for (int k = 0; k < G; k++) a[i][k] = _mm256_loadu_ps(ab + (size_t)i * d + 8 * k);
+                for (int t = 0; t < tn; t++) {
+                    const uint8_t *qs = base + (size_t)t * (size_t)vb + f->hdr;
+                    __m256 wv[4];
+                    for (int i = 0; i < NQ; i++) wv[i] = _mm256_set1_ps(w[i][t]);
+                    for (int k = 0; k < G; k++) {
+                        const __m256 v = dec8(kind, &z, qs, c + k);
+                        for (int i = 0; i < NQ; i++) a[i][k] = _mm256_fmadd_ps(wv[i], v, a[i][k]);
+                    }
+                }
+                for (int i = 0; i < NQ; i++)
+                    for (int k = 0; k < G; k++) _mm256_storeu_ps(ab + (size_t)i * d + 8 * k, a[i][k]);
+            }
+        }
+}
+
+/* One specialised body per (kind, heads, renorm): the loops over heads and
+ * groups unroll and the partial sums live in registers. */
+#define BY_NQ(BODY, ...)                                                                                            \
+    switch (nq) {                                                                                                   \
+    case 1: BODY(__VA_ARGS__, 1); break;                                                                            \
+    case 2: BODY(__VA_ARGS__, 2); break;                                                                            \
+    case 3: BODY(__VA_ARGS__, 3); break;                                                                            \
+    default: BODY(__VA_ARGS__, 4); break;                                                                           \
+    }
+
+AVX2 static void score_avx2(const LbFmt *f, const uint8_t *data, int d, const float *q, int nq, int t0, int t1,
+                            float *out, int ldo) {
+#define SCORE(K, R, N) score_body(f, K, N, R, data, d, q, t0, t1, out, ldo)
+    switch (f->kind) {
+    case LB_IDX2: BY_NQ(SCORE, LB_IDX2, 0); break;
+    case LB_IDX3: BY_NQ(SCORE, LB_IDX3, 0); break;
+    case LB_IDX4:
+        if (f->renorm) BY_NQ(SCORE, LB_IDX4, 1) else BY_NQ(SCORE, LB_IDX4, 0);
+        break;
+    default: BY_NQ(SCORE, LB_Q4_0, 0); break;
+    }
+#undef SCORE
+}
+
+/* Up to two heads take 4 groups (32 values) per chunk, more heads 2, so
+ * NQ·G <= 8 accumulators stay in registers. */
+AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const float *p, int ldp, int nq, int t0,
+                            int t1, float *acc) {
+#define ACCUM(K, R, N) accum_body(f, K, N, (N) <= 2 ? 4 : 2, R, data, d, p, ldp, t0, t1, acc)
+    switch (f->kind) {
+    case LB_IDX2: BY_NQ(ACCUM, LB_IDX2, 0); break;
+    case LB_IDX3: BY_NQ(ACCUM, LB_IDX3, 0); break;
+    case LB_IDX4:
+        if (f->renorm) BY_NQ(ACCUM, LB_IDX4, 1) else BY_NQ(ACCUM, LB_IDX4, 0);
+        break;
+    default: BY_NQ(ACCUM, LB_Q4_0, 0); break;
+    }
+#undef ACCUM
+}
+
+/* ---- AVX-512 kernels for 4-bit codes --------------------------------------
+ * A 16-entry codebook fits one zmm register and vpermps looks 16 lanes up at
+ * once using their low 4 bits, so 16 codes decode in two instructions: a
+ * 64-bit broadcast of their 8 bytes and a shift of each 64-bit lane m by 4m,
+ * which leaves code m at the bottom of dword lane 2m and code m + 8 at the
+ * bottom of lane 2m + 1. Values come out in the order 0, 8, 1, 9, ..., 7, 15
+ * of their 16-group; the queries (score) and the partial sums (accumulate)
+ * are permuted to match once per call instead of per position. */
+
+#define AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
+#define AVX512_INLINE __attribute__((target("avx512f,avx512vl,avx2,fma,f16c"), always_inline)) static inline
+
+/* Lane l of a decoded 16-group holds value perm16[l] of the group, and
+ * value m sits in lane unperm16[m]. */
+static const int32_t perm16[16] = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};
+static const int32_t unperm16[16] = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15};
+
+/* Values 16h..16h+15 of a block's 4-bit codes, in PERM16 order, unscaled. */
+AVX512_INLINE __m512 dec16(__m512 cb, __m512i sh, const uint8_t *qs, int h) {
+    uint64_t w;
+    memcpy(&w, qs + 8 * h, 8);
+    return _mm512_permutexvar_ps(_mm512_srlv_epi64(_mm512_set1_epi64((long long)w), sh), cb);
+}
+
+AVX512_INLINE float code_norm2_512(__m512 cb, __m512i sh, const uint8_t *qs, int nh) {
+    __m512 a = _mm512_setzero_ps();
+    for (int h = 0; h < nh; h++) {
+        __m512 k = dec16(cb, sh, qs, h);
+        a = _mm512_fmadd_ps(k, k, a);
+    }
+    return _mm512_reduce_add_ps(a);
+}
+
+/* score_body for 4-bit codes, 16 values per step. */
+AVX512_INLINE void score16_body(const LbFmt *f, const int NQ, const int renorm, const uint8_t *data, int d,
+                                const float *q, int t0, int t1, float *out, int ldo) {
+    const __m512 cb = _mm512_loadu_ps(f->cb);
+    const __m512i sh = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28), perm = _mm512_loadu_si512(perm16);
+    const int n = f->n;
+    float qp[4][KV_MAX_DIM];
+    for (int i = 0; i < NQ; i++)
+        for (int j = 0; j < d; j += 16)
+            _mm512_storeu_ps(qp[i] + j, _mm512_permutexvar_ps(perm, _mm512_loadu_ps(q + (size_t)i * d + j)));
+    for (int t = t0; t < t1; t++) {
+        const uint8_t *blk = data + (size_t)t * (size_t)f->vec_bytes;
+        __m512 tot[4];
+        for (int i = 0; i < NQ; i++) tot[i] = _mm512_setzero_ps();
+        for (int b = 0; b < f->nb; b++, blk += f->blk_bytes) {
+            const uint8_t *qs = blk + f->hdr;
+            __m512 a0[4], a1[4], n0 = _mm512_setzero_ps(), n1 = _mm512_setzero_ps();
+            for (int i = 0; i < NQ; i++) a0[i] = a1[i] = _mm512_setzero_ps();
+            for (int h = 0; h < n / 16; h += 2) {
+                __m512 k0 = dec16(cb, sh, qs, h), k1 = dec16(cb, sh, qs, h + 1);
+                for (int i = 0; i < NQ; i++) {
+                    a0[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qp[i] + b * n + 16 * h), k0, a0[i]);
+                    a1[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qp[i] + b * n + 16 * h + 16), k1, a1[i]);
+                }
+                if (renorm) {
+                    n0 = _mm512_fmadd_ps(k0, k0, n0);
+                    n1 = _mm512_fmadd_ps(k1, k1, n1);
+                }
+            }
+            float s = header_avx2(blk, f->hdr);
+            if (renorm) s /= sqrtf(_mm512_reduce_add_ps(_mm512_add_ps(n0, n1)));
+            const __m512 sv = _mm512_set1_ps(s);
+            for (int i = 0; i < NQ; i++) tot[i] = _mm512_fmadd_ps(sv, _mm512_add_ps(a0[i], a1[i]), tot[i]);
+        }
+        for (int i = 0; i < NQ; i++) out[(size_t)i * ldo + (t - t0)] = _mm512_reduce_add_ps(tot[i]);
+    }
+}
+
+/* accum_body for 4-bit codes: chunks of G 16-groups, partial sums permuted
+ * on load and back on store. */
+AVX512_INLINE void accum16_body(const LbFmt *f, const int NQ, const int G, const int renorm, const uint8_t *data,
+                                int d, const float *p, int ldp, int t0, int t1, float *acc) {
+    const __m512 cb = _mm512_loadu_ps(f->cb);
+    const __m512i sh = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28), perm = _mm512_loadu_si512(perm16),
+                  unperm = _mm512_loadu_si512(unperm16);
+    const int n = f->n, vb = f->vec_bytes;
+    float w[4][TILE];
+    for (int b = 0; b < f->nb; b++)
+        for (int ta = t0; ta < t1; ta += TILE) {
+            const int tn = t1 - ta < TILE ? t1 - ta : TILE;
+            const uint8_t *base = data + (size_t)ta * (size_t)vb + (size_t)b * (size_t)f->blk_bytes;
+            for (int t = 0; t < tn; t++) {
+                const uint8_t *blk = base + (size_t)t * (size_t)vb;
+                float s = header_avx2(blk, f->hdr);
+                if (renorm) s /= sqrtf(code_norm2_512(cb, sh, blk + f->hdr, n / 16));
+                for (int i = 0; i < NQ; i++) w[i][t] = p[(size_t)i * ldp + (size_t)(ta - t0 + t)] * s;
+            }
+            for (int c = 0; c < n / 16; c += G) {
+                float *ab = acc + (size_t)b * n + 16 * c;
+                __m512 a[4][4];
+                for (int i = 0; i < NQ; i++)
+                    for (int k = 0; k < G; k++)
+                        a[i][k] = _mm512_permutexvar_ps(perm, _mm512_loadu_ps(ab + (size_t)i * d + 16 * k));
+                for (int t = 0; t < tn; t++) {
+                    const uint8_t *qs = base + (size_t)t * (size_t)vb + f->hdr;
+                    __m512 wv[4];
+                    for (int i = 0; i < NQ; i++) wv[i] = _mm512_set1_ps(w[i][t]);
+                    for (int k = 0; k < G; k++) {
+                        const __m512 v = dec16(cb, sh, qs, c + k);
+                        for (int i = 0; i < NQ; i++) a[i][k] = _mm512_fmadd_ps(wv[i], v, a[i][k]);
+                    }
+                }
+                for (int i = 0; i < NQ; i++)
+                    for (int k = 0; k < G; k++)
+                        _mm512_storeu_ps(ab + (size_t)i * d + 16 * k, _mm512_permutexvar_ps(unperm, a[i][k]));
+            }
+        }
+}
+
+AVX512 static void score_avx512(const LbFmt *f, const uint8_t *data, int d, const float *q, int nq, int t0, int t1,
+                                float *out, int ldo) {
+#define SCORE(R, N) score16_body(f, N, R, data, d, q, t0, t1, out, ldo)
+    if (f->renorm) BY_NQ(SCORE, 1) else BY_NQ(SCORE, 0);
+#undef SCORE
+}
+
+/* Four 16-groups per chunk for up to two heads when the block has them. */
+AVX512 static void accum_avx512(const LbFmt *f, const uint8_t *data, int d, const float *p, int ldp, int nq, int t0,
+                                int t1, float *acc) {
+#define ACCUM(R, N) accum16_body(f, N, (N) <= 2 && f->n >= 64 ? 4 : 2, R, data, d, p, ldp, t0, t1, acc)
+    if (f->renorm) BY_NQ(ACCUM, 1) else BY_NQ(ACCUM, 0);
+#undef ACCUM
+}
+
+/* ---- stream glue --------------------------------------------------------- */
+
+int lb_stream_init(KVStream *s, const LbFmt *f, size_t aux_bytes, char *err, size_t errlen) {
+    s->data = malloc((size_t)s->cap * (size_t)f->vec_bytes);
+    s->aux = calloc(1, aux_bytes);
+    if (!s->data || !s->aux) {
+        free(s->data);
+        free(s->aux);
+        s->data = NULL;
+        s->aux = NULL;
+        snprintf(err, errlen, "%s: out of memory for %d positions", s->scheme->name, s->cap);
+        return -1;
+    }
+    memcpy(s->aux, f, sizeof *f);
+    return 0;
+}
+
+uint8_t *lb_slot(KVStream *s) {
+    const LbFmt *f = s->aux;
+    return s->data + (size_t)s->len * (size_t)f->vec_bytes;
+}
+
+int lb_no_opts(const KVOpts *o, const char *scheme, char *err, size_t errlen) {
+    if (!o->group && !o->residual) return 0;
+    snprintf(err, errlen, "%s: takes no options (found g/r)", scheme);
+    return -1;
+}
+
+void lb_kv_free(KVStream *s) {
+    free(s->data);
+    free(s->aux);
+}
+
+/* Vectors are independent: nothing beyond len is ever read. */
+void lb_kv_truncate(KVStream *s, int n) {
+    (void)s;
+    (void)n;
+}
+
+void lb_kv_dequant(const KVStream *s, int t, float *out) {
+    const LbFmt *f = s->aux;
+    lb_dequant(f, s->data + (size_t)t * (size_t)f->vec_bytes, out);
+}
+
+/* Heads go in groups of at most 4 (5 -> 3 + 2, 8 -> 4 + 4). */
+void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const LbFmt *f = s->aux;
+    const int wide = kernels_level() > 1 && f->kind == LB_IDX4;
+    if (kernels_level() == 0) {
+        kv_score_ref(s, q, nq, t0, t1, out, ldo);
+        return;
+    }
+    for (int i0 = 0, left = (nq + 3) / 4; i0 < nq; left--) {
+        int m = (nq - i0 + left - 1) / left;
+        if (wide) score_avx512(f, s->data, s->d, q + (size_t)i0 * s->d, m, t0, t1, out + (size_t)i0 * ldo, ldo);
+        else score_avx2(f, s->data, s->d, q + (size_t)i0 * s->d, m, t0, t1, out + (size_t)i0 * ldo, ldo);
+        i0 += m;
+    }
+}
+
+void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const LbFmt *f = s->aux;
+    const int wide = kernels_level() > 1 && f->kind == LB_IDX4;
+    if (kernels_level() == 0) {
+        kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
+        return;
+    }
+    for (int i0 = 0, left = (nq + 3) / 4; i0 < nq; left--) {
+        int m = (nq - i0 + left - 1) / left;
+        if (wide) accum_avx512(f, s->data, s->d, p + (size_t)i0 * ldp, ldp, m, t0, t1, acc + (size_t)i0 * s->d);
+        else accum_avx2(f, s->data, s->d, p + (size_t)i0 * ldp, ldp, m, t0, t1, acc + (size_t)i0 * s->d);
+        i0 += m;
+    }
+}
+
+size_t lb_kv_bytes(const KVStream *s) {
+    const LbFmt *f = s->aux;
+    return (size_t)s->cap * (size_t)f->vec_bytes;
+}

@@ -1,0 +1,217 @@
+/* q8.c: llama.cpp's q8_0 as a KV scheme: blocks of 32 values, one fp16
+ * scale and 32 signed bytes each.
+ *
+ * Data flow: kv_stream_append quantizes one K or V vector into d/32 blocks;
+ * attention scores and sums straight from the blocks (q8_score, q8_accum),
+ * never widening a cached vector into a float buffer.
+ *
+ *   block:  | fp16 d | int8 q[32] |          34 bytes per 32 values (8.5 bits)
+ *   stream: | block 0 .. block d/32-1 | ...  one row of d/32 blocks per position
+ *
+ * Rule (ggml quantize_row_q8_0_ref): d = max|x| / 127, q = roundf(x / d)
+ * with the float d (before its fp16 rounding), 0 for an all-zero block;
+ * x̂ = q · fp16(d).
+ */
+#include "kernels/half.h"
+#include "kernels/matmul.h"
+#include "kv/kv.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define QK 32
+
+typedef struct {
+    uint16_t d;    /* fp16 scale */
+    int8_t q[QK];  /* x / d, rounded */
+} BlockQ8;
+_Static_assert(sizeof(BlockQ8) == 34, "q8_0 block must be 34 bytes, as in ggml");
+
+/* Query heads scored against one loaded block at a time (fits the stack). */
+#define HEADS 8
+
+static double q8_bits(int d, const KVOpts *o) { (void)d; (void)o; return 8.5; }
+
+static int q8_check(int d, const KVOpts *o, char *err, size_t errlen) {
+    if (o->group || o->residual) {
+        snprintf(err, errlen, "q8: takes no options (found g/r)");
+        return -1;
+    }
+    if (d % QK) {
+        snprintf(err, errlen, "q8: head_dim must be a multiple of %d, found %d", QK, d);
+        return -1;
+    }
+    return 0;
+}
+
+static size_t row_bytes(const KVStream *s) { return (size_t)(s->d / QK) * sizeof(BlockQ8); }
+
+static int q8_init(KVStream *s, char *err, size_t errlen) {
+    s->data = malloc((size_t)s->cap * row_bytes(s));
+    if (!s->data) { snprintf(err, errlen, "q8: out of memory for %d positions", s->cap); return -1; }
+    return 0;
+}
+
+static void q8_free(KVStream *s) { free(s->data); }
+
+static const BlockQ8 *row(const KVStream *s, int t) {
+    return (const BlockQ8 *)(s->data + (size_t)t * row_bytes(s));
+}
+
+/* One block, exactly as ggml: scale from the float amax, codes from 1/d. */
+static void quantize_block(BlockQ8 *b, const float *x) {
+    float amax = 0;
+    for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+    float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+    b->d = f32_to_f16(d);
+    for (int j = 0; j < QK; j++) b->q[j] = (int8_t)roundf(x[j] * id);
+}
+
+static void q8_append(KVStream *s, const float *x) {
+    BlockQ8 *b = (BlockQ8 *)(s->data + (size_t)s->len * row_bytes(s));
+    for (int k = 0; k < s->d / QK; k++) quantize_block(b + k, x + k * QK);
+}
+
+/* Rows are independent, so dropping positions is only bookkeeping. */
+static void q8_truncate(KVStream *s, int n) { (void)s; (void)n; }
+
+static void q8_dequant(const KVStream *s, int t, float *out) {
+    const BlockQ8 *b = row(s, t);
+    for (int k = 0; k < s->d / QK; k++) {
+        float d = f16_to_f32(b[k].d);
+        for (int j = 0; j < QK; j++) out[k * QK + j] = b[k].q[j] * d;
+    }
+}
+
+/* Plain C fast path: per block sum_j q_j·code_j, then one multiply by d. */
+static void score_c(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const int nb = s->d / QK;
+    for (int t = t0; t < t1; t++) {
+        const BlockQ8 *b = row(s, t);
+        for (int i = 0; i < nq; i++) {
+            const float *qi = q + (size_t)i * s->d;
+            float acc = 0;
+            for (int k = 0; k < nb; k++) {
+                float dot = 0;
+                for (int j = 0; j < QK; j++) dot += qi[k * QK + j] * b[k].q[j];
+                acc += dot * f16_to_f32(b[k].d);
+            }
+            out[(size_t)i * ldo + (t - t0)] = acc;
+        }
+    }
+}
+
+static void accum_c(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const int nb = s->d / QK;
+    for (int t = t0; t < t1; t++) {
+        const BlockQ8 *b = row(s, t);
+        for (int k = 0; k < nb; k++) {
+            float d = f16_to_f32(b[k].d);
+            for (int i = 0; i < nq; i++) {
+                float w = p[(size_t)i * ldp + (t - t0)] * d;
+                float *ai = acc + (size_t)i * s->d + k * QK;
+                for (int j = 0; j < QK; j++) ai[j] += w * b[k].q[j];
+            }
+        }
+    }
+}
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 static inline float hsum(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* 32 int8 codes -> 4 x 8 floats (elements 0-7, 8-15, 16-23, 24-31). */
+AVX2 static inline void widen32(const int8_t *c, __m256 v[4]) {
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8 * k))));
+}
+
+/* Scores [t0, t1) for nh heads. Inlined with nh a constant (see score_avx2),
+ * so the nh accumulators stay in registers: per position each block is
+ * widened once and feeds every head, acc_i += d · (q_i[block] ⊙ code),
+ * then one horizontal sum per head. */
+AVX2 static inline __attribute__((always_inline)) void score_heads(const KVStream *s, const float *qh, int nh, int t0,
+                                                                    int t1, float *out, int ldo) {
+    const int nb = s->d / QK;
+    for (int t = t0; t < t1; t++) {
+        const BlockQ8 *b = row(s, t);
+        __m256 acc[HEADS];
+        for (int i = 0; i < nh; i++) acc[i] = _mm256_setzero_ps();
+        for (int k = 0; k < nb; k++) {
+            __m256 c[4], d = _mm256_set1_ps(_cvtsh_ss(b[k].d));
+            widen32(b[k].q, c);
+            for (int i = 0; i < nh; i++) {
+                const float *qi = qh + (size_t)i * s->d + k * QK;
+                __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(qi), c[0]);
+                dot = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 8), c[1], dot);
+                dot = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 16), c[2], dot);
+                dot = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 24), c[3], dot);
+                acc[i] = _mm256_fmadd_ps(d, dot, acc[i]);
+            }
+        }
+        for (int i = 0; i < nh; i++) out[(size_t)i * ldo + (t - t0)] = hsum(acc[i]);
+    }
+}
+
+/* Heads in tiles of up to HEADS, each tile size a separate inlined copy. */
+AVX2 static void score_avx2(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    for (int h0 = 0; h0 < nq; h0 += HEADS) {
+        const float *qh = q + (size_t)h0 * s->d;
+        float *o = out + (size_t)h0 * ldo;
+        switch (nq - h0 < HEADS ? nq - h0 : HEADS) {
+        case 1: score_heads(s, qh, 1, t0, t1, o, ldo); break;
+        case 2: score_heads(s, qh, 2, t0, t1, o, ldo); break;
+        case 3: score_heads(s, qh, 3, t0, t1, o, ldo); break;
+        case 4: score_heads(s, qh, 4, t0, t1, o, ldo); break;
+        case 5: score_heads(s, qh, 5, t0, t1, o, ldo); break;
+        case 6: score_heads(s, qh, 6, t0, t1, o, ldo); break;
+        case 7: score_heads(s, qh, 7, t0, t1, o, ldo); break;
+        default: score_heads(s, qh, 8, t0, t1, o, ldo); break;
+        }
+    }
+}
+
+/* acc_i[block] += (p_i,t · d) · code, the block widened once for all heads. */
+AVX2 static void accum_avx2(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const int nb = s->d / QK;
+    for (int t = t0; t < t1; t++) {
+        const BlockQ8 *b = row(s, t);
+        for (int k = 0; k < nb; k++) {
+            __m256 c[4];
+            float d = _cvtsh_ss(b[k].d);
+            widen32(b[k].q, c);
+            for (int i = 0; i < nq; i++) {
+                __m256 w = _mm256_set1_ps(p[(size_t)i * ldp + (t - t0)] * d);
+                float *ai = acc + (size_t)i * s->d + k * QK;
+                for (int r = 0; r < 4; r++)
+                    _mm256_storeu_ps(ai + 8 * r, _mm256_fmadd_ps(w, c[r], _mm256_loadu_ps(ai + 8 * r)));
+            }
+        }
+    }
+}
+
+static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    if (kernels_level() > 0) score_avx2(s, q, nq, t0, t1, out, ldo);
+    else score_c(s, q, nq, t0, t1, out, ldo);
+}
+
+static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    if (kernels_level() > 0) accum_avx2(s, p, ldp, nq, t0, t1, acc);
+    else accum_c(s, p, ldp, nq, t0, t1, acc);
+}
+
+static size_t q8_bytes(const KVStream *s) { return (size_t)s->cap * row_bytes(s); }
+
+const KVScheme kv_q8 = {
+    .name = "q8", .desc = "llama.cpp q8_0: fp16 scale + 32 int8 (8.5 bits)",
+    .bits = q8_bits, .check = q8_check, .init = q8_init, .free = q8_free,
+    .append = q8_append, .truncate = q8_truncate, .dequant = q8_dequant,
+    .score = q8_score, .accum = q8_accum, .bytes = q8_bytes,
+};

@@ -1,0 +1,204 @@
+/* test_cli.c: the scriptable interface as the README documents it, run
+ * through the real binary ($RUN_BIN): tokenize, logits, ppl, generate,
+ * chat, the stats line, seeds and thread-count independence. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *bin(void) { return getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run"; }
+
+/* Runs `./run args`, returns exit code; stdout and stderr into malloc'd strings. */
+static int run(const char *args, char **out, char **err) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s >/tmp/run_cli_out.$PPID 2>/tmp/run_cli_err.$PPID </dev/null", bin(), args);
+    int st = system(cmd);
+    char *bufs[2] = {NULL, NULL};
+    const char *names[2] = {"out", "err"};
+    for (int i = 0; i < 2; i++) {
+        char path[128];
+        /* system() runs sh -c, whose $PPID is this process */
+        snprintf(path, sizeof path, "/tmp/run_cli_%s.%d", names[i], (int)getpid());
+        FILE *f = fopen(path, "rb");
+        cr_assert(f, "no output file %s", path);
+        fseek(f, 0, SEEK_END);
+        long n = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        bufs[i] = malloc((size_t)n + 1);
+        cr_assert_eq(fread(bufs[i], 1, (size_t)n, f), (size_t)n);
+        bufs[i][n] = 0;
+        fclose(f);
+        remove(path);
+    }
+    *out = bufs[0];
+    *err = bufs[1];
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+/* The last stderr line must be the stats line with all five fields. */
+static void expect_stats(const char *err) {
+    const char *s = strstr(err, "stats: prefill_tokens=");
+    cr_expect(s != NULL, "no stats line: %s", err);
+    if (!s) return;
+    cr_expect(strstr(s, " prefill_tps=") && strstr(s, " decode_tokens=") && strstr(s, " decode_tps=") &&
+                  strstr(s, " kv_bytes="),
+              "incomplete stats line: %s", s);
+    const char *nl = strchr(s, '\n');
+    cr_expect(nl && nl[1] == 0, "stats is not the last stderr line: %s", err);
+}
+
+Test(cli, tokenize_matches_golden_ids) {
+    const char *prompts[] = {"hello", "sentence", "paragraph"};
+    for (int i = 0; i < 3; i++) {
+        char args[512], path[256], *out, *err;
+        snprintf(args, sizeof args, "tests/data/fixtures/tiny -m tokenize -f tests/data/golden/tiny/%s/prompt.txt",
+                 prompts[i]);
+        cr_assert_eq(run(args, &out, &err), 0, "%s", err);
+        snprintf(path, sizeof path, "tests/data/golden/tiny/%s/tokens.txt", prompts[i]);
+        char *want = read_text(path);
+        want[strcspn(want, "\n")] = 0;
+        out[strcspn(out, "\n")] = 0;
+        cr_expect_str_eq(out, want, "%s", prompts[i]);
+        expect_stats(err);
+        free(want);
+        free(out);
+        free(err);
+    }
+}
+
+Test(cli, logits_file_matches_golden) {
+    char *out, *err;
+    cr_assert_eq(run("tests/data/fixtures/small -m logits -kv f32 -f tests/data/golden/small/sentence/prompt.txt "
+                     "-o /tmp/run_cli_logits.f32",
+                     &out, &err),
+                 0, "%s", err);
+    FILE *a = fopen("/tmp/run_cli_logits.f32", "rb"), *b = fopen("tests/data/golden/small/sentence/logits.f32", "rb");
+    cr_assert(a && b);
+    size_t n = 0;
+    float x, y, worst = 0;
+    while (fread(&y, 4, 1, b) == 1) {
+        cr_assert_eq(fread(&x, 4, 1, a), 1, "logits file too short at %zu", n);
+        worst = fmaxf(worst, fabsf(x - y));
+        n++;
+    }
+    cr_expect_eq(fread(&x, 4, 1, a), 0, "logits file too long");
+    cr_expect_eq(n, 42 * 4160);
+    cr_expect(worst <= 1e-4f, "max-abs %g", worst);
+    fclose(a);
+    fclose(b);
+    remove("/tmp/run_cli_logits.f32");
+    expect_stats(err);
+    free(out);
+    free(err);
+}
+
+Test(cli, ppl_last_line) {
+    char *out, *err;
+    cr_assert_eq(run("tests/data/fixtures/tiny -m ppl -kv f32 -c 100 -f tests/data/golden/tiny/paragraph/prompt.txt",
+                     &out, &err),
+                 0, "%s", err);
+    double ppl;
+    int n;
+    const char *last = strstr(out, "ppl ");
+    cr_assert(last, "%s", out);
+    cr_assert_eq(sscanf(last, "ppl %lf tokens %d", &ppl, &n), 2, "%s", out);
+    /* 334 tokens in windows of 100: 99 + 99 + 99 + 33 scored */
+    cr_expect_eq(n, 330);
+    /* random weights with small logits: close to uniform over 4160 */
+    cr_expect(ppl > 1000 && ppl < 20000, "ppl %g", ppl);
+    cr_expect(strstr(err, "window 4/4") != NULL, "%s", err);
+    expect_stats(err);
+    free(out);
+    free(err);
+}
+
+/* Greedy generation is deterministic; sampling with a seed reproduces; and the
+ * thread count does not change the text. */
+Test(cli, generate_deterministic) {
+    char *o1, *o2, *o3, *e1, *e2, *e3;
+    cr_assert_eq(run("tests/data/fixtures/small -i 'Hello there' -n 24 -t 0 -T 1", &o1, &e1), 0, "%s", e1);
+    cr_assert_eq(run("tests/data/fixtures/small -i 'Hello there' -n 24 -t 0 -T 2", &o2, &e2), 0, "%s", e2);
+    cr_expect_str_eq(o1, o2);
+    cr_expect(strncmp(o1, "Hello there", 11) == 0, "prompt not echoed: %s", o1);
+    cr_expect(strlen(o1) > 11, "nothing generated");
+    expect_stats(e1);
+    cr_expect(strstr(e1, "decode_tokens=23") != NULL, "%s", e1);
+    free(o1), free(o2), free(e1), free(e2);
+    cr_assert_eq(run("tests/data/fixtures/small -i 'Hello there' -n 24 -t 1 -s 7", &o1, &e1), 0, "%s", e1);
+    cr_assert_eq(run("tests/data/fixtures/small -i 'Hello there' -n 24 -t 1 -s 7", &o2, &e2), 0, "%s", e2);
+    cr_assert_eq(run("tests/data/fixtures/small -i 'Hello there' -n 24 -t 1 -s 8", &o3, &e3), 0, "%s", e3);
+    cr_expect_str_eq(o1, o2);
+    cr_expect(strcmp(o1, o3) != 0, "different seeds gave the same text: %s", o1);
+    free(o1), free(o2), free(o3), free(e1), free(e2), free(e3);
+}
+
+Test(cli, context_overflow_ends_generation) {
+    char *out, *err;
+    cr_assert_eq(run("tests/data/fixtures/tiny -i 'Hello there' -n 50 -t 0 -c 12", &out, &err), 0, "%s", err);
+    cr_expect(strstr(err, "context full at 12 tokens") != NULL, "%s", err);
+    expect_stats(err);
+    free(out);
+    free(err);
+}
+
+/* Two turns: the second must reuse the cache, so prefill counts only its own
+ * tokens (the template text closing turn one and opening turn two). */
+Test(cli, chat_keeps_cache_between_turns) {
+    char *out, *err;
+    cr_assert_eq(system("printf 'And then?\\n' > /tmp/run_cli_chat.txt"), 0);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "%s tests/data/fixtures/small -m chat -i 'Hi' -y 'Be brief' -n 5 -t 0 -think 0 </tmp/run_cli_chat.txt "
+             ">/tmp/run_cli_chat.out 2>/tmp/run_cli_chat.err",
+             bin());
+    cr_assert_eq(system(cmd), 0);
+    out = read_text("/tmp/run_cli_chat.out");
+    err = read_text("/tmp/run_cli_chat.err");
+    int nl = 0;
+    for (char *p = out; *p; p++) nl += *p == '\n';
+    cr_expect_eq(nl, 2, "expected two replies: %s", out);
+    /* turn 1: <|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n
+     * turn 2: <|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n */
+    long pre;
+    const char *s = strstr(err, "prefill_tokens=");
+    cr_assert(s, "%s", err);
+    cr_assert_eq(sscanf(s, "prefill_tokens=%ld", &pre), 1);
+    char *o2, *e2;
+    cr_assert_eq(run("tests/data/fixtures/small -m tokenize -i '<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\n"
+                     "Hi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<|im_end|>\n<|im_start|>user\nAnd "
+                     "then?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n'",
+                     &o2, &e2),
+                 0, "%s", e2);
+    int n = 1;
+    for (char *p = o2; *p && *p != '\n'; p++) n += *p == ' ';
+    cr_expect_eq(pre, n, "prefill %ld tokens, the two turns' template has %d", pre, n);
+    expect_stats(err);
+    free(out), free(err), free(o2), free(e2);
+    remove("/tmp/run_cli_chat.txt");
+    remove("/tmp/run_cli_chat.out");
+    remove("/tmp/run_cli_chat.err");
+}
+
+Test(cli, help_lists_schemes_and_modes) {
+    char *out, *err;
+    cr_assert_eq(run("-h", &out, &err), 0);
+    cr_expect(strstr(out, "-m MODE") && strstr(out, "f16") && strstr(out, "-kv SCHEME"), "%s", out);
+    free(out);
+    free(err);
+}

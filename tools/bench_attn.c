@@ -1,0 +1,108 @@
+/* bench_attn.c: one decode step of one attention layer over a filled KV
+ * cache, per scheme, at several context lengths and thread counts.
+ *
+ * Shape: Qwen3-0.6B's attention (16 query heads, 8 kv heads, head_dim 128).
+ * Each kv head's K and V streams hold `ctx` random positions; one step is
+ * attn_group for every kv head (2 query heads each), parallel over kv heads
+ * as model/ does it. Reports the time per step and the KV bytes read per
+ * second (every stored byte of K and V is read once per step).
+ *
+ *   ./build/bench_attn [ctx ...]      (default 1024 8192 32768)
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn/attn.h"
+#include "kernels/matmul.h"
+
+#define NQ 16
+#define NKV 8
+#define HD 128
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static unsigned long long rng = 0x853c49e6748fea9bULL;
+static float gauss(void) {
+    double u[2];
+    for (int i = 0; i < 2; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        u[i] = ((rng >> 11) + 0.5) / 9007199254740992.0;
+    }
+    return (float)(sqrt(-2 * log(u[0])) * cos(6.283185307179586 * u[1]));
+}
+
+/* Seconds per step: the best of several timed repetitions, after a warm-up. */
+static double time_step(KVStream *k, KVStream *v, const float *q, float *out, float *scr, int threads) {
+    size_t per = attn_scratch_floats(NQ / NKV, HD);
+    double best = 1e9;
+    for (int rep = 0; rep < 6; rep++) {
+        double t0 = now();
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int h = 0; h < NKV; h++)
+            attn_group(&k[h], &v[h], q + h * (NQ / NKV) * HD, NQ / NKV, 1.0f / sqrtf(HD), out + h * (NQ / NKV) * HD,
+                       scr + (size_t)omp_get_thread_num() * per);
+        double dt = now() - t0;
+        if (rep > 0 && dt < best) best = dt;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int ctxs[8] = {1024, 8192, 32768}, nctx = 3;
+    if (argc > 1) {
+        nctx = 0;
+        for (int i = 1; i < argc && nctx < 8; i++) ctxs[nctx++] = atoi(argv[i]);
+    }
+    int maxctx = 0;
+    for (int i = 0; i < nctx; i++) maxctx = ctxs[i] > maxctx ? ctxs[i] : maxctx;
+    /* the same random K, V and q for every scheme */
+    float *kx = malloc(sizeof(float) * (size_t)maxctx * HD), *vx = malloc(sizeof(float) * (size_t)maxctx * HD);
+    float q[NQ * HD], out[NQ * HD];
+    for (size_t i = 0; i < (size_t)maxctx * HD; i++) kx[i] = gauss(), vx[i] = gauss();
+    for (int i = 0; i < NQ * HD; i++) q[i] = gauss();
+    float *scr = malloc(sizeof(float) * attn_scratch_floats(NQ / NKV, HD) * 64);
+    printf("attention decode step, Qwen3-0.6B shape (%d q heads, %d kv heads, head_dim %d), kernels %s\n", NQ, NKV, HD,
+           kernels_isa());
+    printf("| scheme | ctx | threads | ms/step | KV MB read | GB/s | vs f16 |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    for (int c = 0; c < nctx; c++) {
+        int ctx = ctxs[c];
+        double f16_t[3] = {0, 0, 0};
+        for (int si = 0; si < kv_n_schemes; si++) {
+            const KVScheme *sc = kv_schemes[si];
+            KVStream k[NKV], v[NKV];
+            KVOpts o = {0, 0};
+            char err[256];
+            int ok = 1;
+            for (int h = 0; h < NKV && ok; h++)
+                ok = kv_stream_init(&k[h], sc, &o, HD, ctx, 0, 0, err, sizeof err) == 0 &&
+                     kv_stream_init(&v[h], sc, &o, HD, ctx, 0, 1, err, sizeof err) == 0;
+            if (!ok) { printf("| %s | %d | - | %s |\n", sc->name, ctx, err); continue; }
+            /* heads share the data, offset so they are not identical */
+            for (int h = 0; h < NKV; h++)
+                for (int t = 0; t < ctx; t++) {
+                    kv_stream_append(&k[h], kx + (size_t)((t + h * 997) % maxctx) * HD);
+                    kv_stream_append(&v[h], vx + (size_t)((t + h * 991) % maxctx) * HD);
+                }
+            double bytes = 0;
+            for (int h = 0; h < NKV; h++) bytes += (double)sc->bytes(&k[h]) + sc->bytes(&v[h]);
+            for (int threads = 1; threads <= 2; threads++) {
+                double t = time_step(k, v, q, out, scr, threads);
+                if (strcmp(sc->name, "f16") == 0) f16_t[threads] = t;
+                printf("| %s | %d | %d | %.3f | %.1f | %.2f | %s", sc->name, ctx, threads, t * 1e3, bytes / 1e6,
+                       bytes / t / 1e9, f16_t[threads] > 0 ? "" : "- |\n");
+                if (f16_t[threads] > 0) printf("%.2fx |\n", f16_t[threads] / t);
+            }
+            for (int h = 0; h < NKV; h++) kv_stream_free(&k[h]), kv_stream_free(&v[h]);
+        }
+    }
+    free(kx), free(vx), free(scr);
+    return 0;
+}
