@@ -20,7 +20,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 .PHONY: all run test test-asan bench clean
 # ./run is a copy of $(BUILD)/run, so that "make run" can be the command that runs it.
 all: $(BUILD)/run
-	@cp $(BUILD)/run run
+	@cp $(BUILD)/run run.tmp && mv -f run.tmp run
 
 $(BUILD)/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -49,6 +49,12 @@ test-asan:
 		LDLIBS="-lm -fopenmp -fsanitize=address,undefined"
 
 $(BUILD)/bench_attn: $(BUILD)/tools/bench_attn.o $(BUILD)/librun.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bench: $(BUILD)/tools/bench.o $(BUILD)/librun.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/make_model: $(BUILD)/tools/make_model.o
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Speed is measured here, never asserted in a test.

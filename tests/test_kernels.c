@@ -1,0 +1,119 @@
+/* test_kernels.c: every fast kernel against its plain C reference, on every
+ * instruction set this CPU has; and the property the forward pass relies on:
+ * a row's matmul result is bit-identical whatever the batch around it.
+ * (Criterion runs each test in its own process, so kernels_set_isa does not
+ * leak between tests.) */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/half.h"
+#include "kernels/matmul.h"
+#include "kernels/vec.h"
+
+static const char *isas[] = {"ref", "avx2", "avx512", "avx512bf16"};
+
+static unsigned long long st = 0x243F6A8885A308D3ULL;
+static float frand(void) {
+    st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+    return (float)((st >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
+}
+
+/* A [rows, cols] weight in dtype dt with values in [-1, 1]. */
+static Weight make_weight(DType dt, int rows, int cols, void **mem) {
+    size_t n = (size_t)rows * cols;
+    *mem = malloc(n * dtype_size(dt));
+    for (size_t i = 0; i < n; i++) {
+        float v = frand();
+        if (dt == DT_F32) ((float *)*mem)[i] = v;
+        else if (dt == DT_F16) ((uint16_t *)*mem)[i] = f32_to_f16(v);
+        else {
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            ((uint16_t *)*mem)[i] = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+        }
+    }
+    return (Weight){*mem, dt, rows, cols};
+}
+
+Test(kernels, matmul_matches_reference_on_every_isa) {
+    const DType dts[] = {DT_F32, DT_F16, DT_BF16};
+    const int shapes[][3] = {{1, 37, 64}, {5, 70, 96}, {9, 64, 200}, {130, 33, 256}};
+    for (size_t si = 0; si < 4; si++)
+        for (int di = 0; di < 3; di++) {
+            int n = shapes[si][0], out = shapes[si][1], in = shapes[si][2];
+            void *mem;
+            Weight w = make_weight(dts[di], out, in, &mem);
+            float *x = malloc(sizeof(float) * n * in), *ref = malloc(sizeof(float) * n * out),
+                  *got = malloc(sizeof(float) * n * out);
+            for (int i = 0; i < n * in; i++) x[i] = frand();
+            matmul_ref(ref, x, &w, n);
+            for (size_t k = 1; k < 4; k++) {
+                if (kernels_set_isa(isas[k])) continue;
+                matmul(got, x, &w, n);
+                for (int i = 0; i < n * out; i++)
+                    cr_expect(fabsf(got[i] - ref[i]) <= 2e-5f * sqrtf((float)in),
+                              "%s dtype %d shape %dx%dx%d at %d: %g vs %g", isas[k], di, n, out, in, i, got[i], ref[i]);
+            }
+            kernels_set_isa("ref");
+            free(x), free(ref), free(got), free(mem);
+        }
+}
+
+Test(kernels, matmul_rows_do_not_depend_on_batch) {
+    const DType dts[] = {DT_F32, DT_F16, DT_BF16};
+    const int n = 11, out = 45, in = 128;
+    for (size_t k = 0; k < 4; k++) {
+        if (kernels_set_isa(isas[k])) continue;
+        for (int di = 0; di < 3; di++) {
+            void *mem;
+            Weight w = make_weight(dts[di], out, in, &mem);
+            float *x = malloc(sizeof(float) * n * in), *all = malloc(sizeof(float) * n * out), one[45];
+            for (int i = 0; i < n * in; i++) x[i] = frand();
+            matmul(all, x, &w, n);
+            for (int i = 0; i < n; i++) {
+                matmul(one, x + (size_t)i * in, &w, 1);
+                cr_expect(memcmp(one, all + (size_t)i * out, sizeof one) == 0, "%s dtype %d: row %d changes with batch",
+                          isas[k], di, i);
+            }
+            free(x), free(all), free(mem);
+        }
+    }
+}
+
+Test(kernels, vec_ops_match_reference) {
+    for (size_t k = 0; k < 4; k++) {
+        if (kernels_set_isa(isas[k])) continue;
+        for (int n = 1; n < 300; n += 37) {
+            float a[300], b[300], y1[300], y2[300];
+            uint16_t h[300], h2[300];
+            for (int i = 0; i < n; i++) a[i] = frand() * 100, b[i] = frand(), y1[i] = y2[i] = frand();
+            vec_f32_to_f16(h, a, n);
+            vec_f32_to_f16_ref(h2, a, n);
+            cr_expect(memcmp(h, h2, sizeof(uint16_t) * n) == 0, "%s f32_to_f16 n=%d", isas[k], n);
+            float d1 = vec_dot_f32(a, b, n), d2 = vec_dot_f32_ref(a, b, n);
+            cr_expect(fabsf(d1 - d2) <= 1e-4f * (1 + fabsf(d2)) * 10, "%s dot_f32 n=%d: %g vs %g", isas[k], n, d1, d2);
+            d1 = vec_dot_f16(h, b, n), d2 = vec_dot_f16_ref(h, b, n);
+            cr_expect(fabsf(d1 - d2) <= 1e-4f * (1 + fabsf(d2)) * 10, "%s dot_f16 n=%d: %g vs %g", isas[k], n, d1, d2);
+            vec_axpy_f32(y1, 0.3f, a, n);
+            vec_axpy_f32_ref(y2, 0.3f, a, n);
+            for (int i = 0; i < n; i++) cr_expect(fabsf(y1[i] - y2[i]) <= 1e-5f * (1 + fabsf(y2[i])), "%s axpy_f32", isas[k]);
+            vec_axpy_f16(y1, -0.7f, h, n);
+            vec_axpy_f16_ref(y2, -0.7f, h, n);
+            for (int i = 0; i < n; i++) cr_expect(fabsf(y1[i] - y2[i]) <= 1e-5f * (1 + fabsf(y2[i])), "%s axpy_f16", isas[k]);
+        }
+    }
+}
+
+Test(kernels, half_conversions_round_trip) {
+    /* every f16 value widens and narrows back to itself (NaNs stay NaN) */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = f16_to_f32((uint16_t)h);
+        if (isnan(f)) continue;
+        cr_expect_eq(f32_to_f16(f), h, "f16 %04x -> %g -> %04x", h, f, f32_to_f16(f));
+    }
+    cr_expect_eq(f32_to_f16(65520.0f), 0x7C00, "overflow rounds to inf");
+    cr_expect_eq(f32_to_f16(1e-8f), 0, "underflow to zero");
+    cr_expect_eq(bf16_to_f32(0x3F80), 1.0f);
+}
