@@ -271,6 +271,7 @@ static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) 
     const int qd = nh * hd, kvd = nkv * hd, half = hd / 2;
     const float eps = (float)c->eps, scale = 1.0f / sqrtf((float)hd);
 
+#pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, L->in_norm, H, eps);
     matmul(s->q, s->xb, &L->wq, n);
     matmul(s->k, s->xb, &L->wk, n);
@@ -307,12 +308,19 @@ static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) 
         }
     }
     matmul(s->xb, s->att, &L->wo, n);
-    for (size_t j = 0; j < (size_t)n * H; j++) s->x[j] += s->xb[j];
-    for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, L->post_norm, H, eps);
+    /* residual, then the MLP's pre-norm, row by row */
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *x = s->x + (size_t)i * H, *xb = s->xb + (size_t)i * H;
+        for (int j = 0; j < H; j++) x[j] += xb[j];
+        rmsnorm(xb, x, L->post_norm, H, eps);
+    }
     matmul(s->hb, s->xb, &L->wg, n);
     matmul(s->hb2, s->xb, &L->wu, n);
-    swiglu(s->hb, s->hb2, n * c->ffn);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) swiglu(s->hb + (size_t)i * c->ffn, s->hb2 + (size_t)i * c->ffn, c->ffn);
     matmul(s->xb, s->hb, &L->wd, n);
+#pragma omp parallel for schedule(static)
     for (size_t j = 0; j < (size_t)n * H; j++) s->x[j] += s->xb[j];
 }
 

@@ -202,3 +202,28 @@ Test(cli, help_lists_schemes_and_modes) {
     free(out);
     free(err);
 }
+
+/* Threads split work by output rows and kv heads, never inside one sum, so
+ * -T 1 and -T 2 give the same logits (the issue allows 1e-5). */
+Test(cli, thread_count_does_not_change_logits) {
+    char *out, *err;
+    const char *paths[2] = {"/tmp/run_cli_t1.f32", "/tmp/run_cli_t2.f32"};
+    for (int t = 0; t < 2; t++) {
+        char args[512];
+        snprintf(args, sizeof args,
+                 "tests/data/fixtures/small -m logits -kv q8 -T %d -f tests/data/golden/small/paragraph/prompt.txt -o %s",
+                 t + 1, paths[t]);
+        cr_assert_eq(run(args, &out, &err), 0, "%s", err);
+        free(out);
+        free(err);
+    }
+    FILE *a = fopen(paths[0], "rb"), *b = fopen(paths[1], "rb");
+    cr_assert(a && b);
+    float x, y, worst = 0;
+    long n = 0;
+    while (fread(&x, 4, 1, a) == 1 && fread(&y, 4, 1, b) == 1) worst = fmaxf(worst, fabsf(x - y)), n++;
+    cr_expect_eq(n, 334L * 4160);
+    cr_expect(worst <= 1e-5f, "-T 1 vs -T 2 max-abs %g", worst);
+    fclose(a), fclose(b);
+    remove(paths[0]), remove(paths[1]);
+}

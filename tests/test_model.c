@@ -123,3 +123,33 @@ Test(model, context_overflow_is_an_error) {
     kv_cache_free(&kv);
     model_free(&m);
 }
+
+/* YaRN (transformers' _compute_yarn_parameters): fast-rotating dimensions
+ * keep their frequency, slow ones are divided by the factor, a linear ramp
+ * between, and cos/sin carry the attention factor 0.1 ln(factor) + 1. */
+Test(model, yarn_rope_scaling_from_config) {
+    char dir[] = "/tmp/run_yarn_XXXXXX", cmd[512], err[512];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd,
+             "cp tests/data/fixtures/tiny/* %s/ && chmod u+w %s/config.json && sed -i 's/\"rope_scaling\": null/"
+             "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768}/' "
+             "%s/config.json",
+             dir, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    Model m;
+    cr_assert_eq(model_load(&m, dir, err, sizeof err), 0, "%s", err);
+    int half = m.cfg.head_dim / 2;
+    cr_expect_eq(m.cfg.rope_type, ROPE_YARN);
+    for (int i = 0; i < half; i++) {
+        double base = pow(m.cfg.rope_theta, -2.0 * i / m.cfg.head_dim);
+        cr_expect(m.inv_freq[i] <= base * (1 + 1e-12) && m.inv_freq[i] >= base / 4 * (1 - 1e-12),
+                  "inv_freq[%d] %g outside [%g, %g]", i, m.inv_freq[i], base / 4, base);
+    }
+    cr_expect(fabs(m.inv_freq[0] - 1.0) < 1e-12, "the fastest dimension must not be scaled");
+    cr_expect(fabs(m.inv_freq[half - 1] - pow(m.cfg.rope_theta, -2.0 * (half - 1) / m.cfg.head_dim) / 4) < 1e-15,
+              "the slowest dimension must be interpolated by the factor");
+    cr_expect(fabsf(m.rope_mscale - (float)(0.1 * log(4.0) + 1)) < 1e-6f, "mscale %g", m.rope_mscale);
+    model_free(&m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
+}
