@@ -24,8 +24,8 @@ int had_block(int d) {
 
 int had_check(int d, const char *scheme, char *err, size_t errlen) {
     if (had_block(d)) return 0;
-    snprintf(err, errlen, "%s: head_dim %d not supported (Hadamard blocks need 32, 64 or a multiple of 128)", scheme,
-             d);
+    snprintf(err, errlen, "%s: head_dim %d not supported (expected 32, 64 or a multiple of 128 up to %d)", scheme, d,
+             KV_MAX_DIM);
     return -1;
 }
 

@@ -1,16 +1,17 @@
-/* tbq2.c: 2-bit TurboQuant KV blocks: signed-Hadamard rotation, 2-bit
- * Lloyd-Max indices of the unit direction, one norm-corrected fp16 scale per
- * 128 values; attention runs in the rotated domain (kv/tbq_common.h).
+/* tbq2.c: 2-bit TurboQuant KV blocks: the tbq4 rule (tbq_common.h) with
+ * the spec's 2-bit Lloyd-Max table.
  *
  *   | fp16 d | qs[32]: 4 indices per byte, index k at bits 2k..2k+1 |   34 B per 128, 2.125 bits
  *
- * Follows turbo2 of the public llama.cpp forks (spec kv_schemes.md, row tbq2).
+ * turbo2 of the public llama.cpp forks, spec kv_schemes.md row tbq2.
  */
 #include "kv/lowbit.h"
 #include "kv/tbq_common.h"
 
 static double tbq2_bits(int d, const KVOpts *o) { (void)o; return tbq_bits(2, d); }
-static int tbq2_check(int d, const KVOpts *o, char *err, size_t errlen) { return tbq_check("tbq2", d, o, err, errlen); }
+static int tbq2_check(int d, const KVOpts *o, char *err, size_t errlen) {
+    return tbq_check("tbq2", d, o, err, errlen);
+}
 static int tbq2_init(KVStream *s, char *err, size_t errlen) { return tbq_init(s, 2, err, errlen); }
 
 const KVScheme kv_tbq2 = {

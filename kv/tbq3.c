@@ -1,16 +1,18 @@
-/* tbq3.c: 3-bit TurboQuant KV blocks: signed-Hadamard rotation, 3-bit
- * Lloyd-Max indices of the unit direction, one norm-corrected fp16 scale per
- * 128 values; attention runs in the rotated domain (kv/tbq_common.h).
+/* tbq3.c: 3-bit TurboQuant KV blocks: the tbq4 rule (tbq_common.h) with
+ * the spec's 3-bit Lloyd-Max table.
  *
  *   | fp16 d | qs[48]: 8 indices per 24-bit LE word, index k at bits 3k..3k+2 |   50 B per 128, 3.125 bits
  *
- * Follows the public TBQ3_0 layout, with the spec's 3-bit Lloyd-Max table (spec kv_schemes.md, row tbq3).
+ * The layout of the public TBQ3_0, with a correct codebook in place of the
+ * Indras one (+45% error), spec kv_schemes.md row tbq3.
  */
 #include "kv/lowbit.h"
 #include "kv/tbq_common.h"
 
 static double tbq3_bits(int d, const KVOpts *o) { (void)o; return tbq_bits(3, d); }
-static int tbq3_check(int d, const KVOpts *o, char *err, size_t errlen) { return tbq_check("tbq3", d, o, err, errlen); }
+static int tbq3_check(int d, const KVOpts *o, char *err, size_t errlen) {
+    return tbq_check("tbq3", d, o, err, errlen);
+}
 static int tbq3_init(KVStream *s, char *err, size_t errlen) { return tbq_init(s, 3, err, errlen); }
 
 const KVScheme kv_tbq3 = {

@@ -1,16 +1,20 @@
-/* tbq4.c: 4-bit TurboQuant KV blocks: signed-Hadamard rotation, 4-bit
- * Lloyd-Max indices of the unit direction, one norm-corrected fp16 scale per
- * 128 values; attention runs in the rotated domain (kv/tbq_common.h).
+/* tbq4.c: 4-bit TurboQuant KV blocks. Each 128 values of a head are
+ * rotated by the signed Hadamard transform, their unit direction is
+ * quantized to 4-bit Lloyd-Max indices and one norm-corrected fp16 scale is
+ * kept; attention scores and sums in the rotated domain (tbq_common.h).
  *
  *   | fp16 d | qs[64]: qs[j/2] = idx[j] | idx[j+1] << 4 |   66 B per 128 values, 4.125 bits
  *
- * Follows TBQ4_0 / turbo4_0 of the public llama.cpp forks (byte-compatible layout) (spec kv_schemes.md, row tbq4).
+ * Byte-compatible with TBQ4_0 / turbo4_0 of the public llama.cpp forks
+ * (Indras-Mirror/llama.cpp-mtp, spiritbuun), spec kv_schemes.md row tbq4.
  */
 #include "kv/lowbit.h"
 #include "kv/tbq_common.h"
 
 static double tbq4_bits(int d, const KVOpts *o) { (void)o; return tbq_bits(4, d); }
-static int tbq4_check(int d, const KVOpts *o, char *err, size_t errlen) { return tbq_check("tbq4", d, o, err, errlen); }
+static int tbq4_check(int d, const KVOpts *o, char *err, size_t errlen) {
+    return tbq_check("tbq4", d, o, err, errlen);
+}
 static int tbq4_init(KVStream *s, char *err, size_t errlen) { return tbq_init(s, 4, err, errlen); }
 
 const KVScheme kv_tbq4 = {

@@ -10,6 +10,9 @@
  *   u = x/‖x‖ (0 if ‖x‖ <= 1e-10), y = R u, idx_j = nearest(y_j, c/√n),
  *   d = ‖x‖/‖c[idx]‖, x̂ = Rᵀ(d · c[idx]/√n)     (so ‖x̂‖ = ‖x‖ up to fp16)
  *
+ * d = 256 is two independent blocks; d = 32, 64 one block of n = d. As in
+ * TBQ4_0, d overflows fp16 for block norms above about 65504.
+ *
  * Reference: TurboQuant (arXiv 2504.19874) without the QJL stage, in the
  * TBQ4_0 / turbo layout of the public llama.cpp forks (spec kv_schemes.md).
  */

@@ -75,7 +75,8 @@ Test(kv_rotated, fwht_orthonormal_and_inverse) {
         fill(x, d);
         had_rotate(x, y, d);
         had_unrotate(y, z, d);
-        for (int j = 0; j < d; j++) cr_expect(fabsf(z[j] - x[j]) < 1e-5f, "d=%d inverse j=%d: %g vs %g", d, j, z[j], x[j]);
+        for (int j = 0; j < d; j++)
+            cr_expect(fabsf(z[j] - x[j]) < 1e-5f, "d=%d inverse j=%d: %g vs %g", d, j, z[j], x[j]);
         had_plain(x, y, d);
         had_plain(y, z, d);
         for (int j = 0; j < d; j++) cr_expect(fabsf(z[j] - x[j]) < 1e-5f, "d=%d H/√n twice j=%d", d, j);
@@ -94,7 +95,8 @@ Test(kv_rotated, sign_vectors) {
     float e[128] = {1}, y[128];
     had_rotate(e, y, 128);
     for (int i = 0; i < 128; i++)
-        cr_expect(fabsf(y[i] - (float)(had_sign(1, 0) * had_sign(2, i)) / sqrtf(128)) < 1e-6f, "R e0 [%d] = %g", i, y[i]);
+        cr_expect(fabsf(y[i] - (float)(had_sign(1, 0) * had_sign(2, i)) / sqrtf(128)) < 1e-6f, "R e0 [%d] = %g", i,
+                  y[i]);
 }
 
 /* E‖x - x̂‖² over random unit vectors (d·MSE per coordinate) through the
@@ -168,7 +170,8 @@ Test(kv_rotated, tbq4_block_bytes) {
     KVStream s;
     open_stream(&s, "tbq4", 128, 4, 0);
     kv_stream_append(&s, x);
-    for (int k = 0; k < 66; k++) cr_expect_eq(s.data[k], want[k], "byte %d: 0x%02x, expected 0x%02x", k, s.data[k], want[k]);
+    for (int k = 0; k < 66; k++)
+        cr_expect_eq(s.data[k], want[k], "byte %d: 0x%02x, expected 0x%02x", k, s.data[k], want[k]);
     s.scheme->dequant(&s, 0, back);
     for (int j = 0; j < 128; j++) cr_expect(fabsf(back[j] - y[j]) < 1e-6f, "dequant j=%d: %g vs %g", j, back[j], y[j]);
     kv_stream_free(&s);
@@ -287,9 +290,11 @@ Test(kv_rotated, refused_head_dim) {
         KVStream s;
         int d = strcmp(names[si], "lm3") == 0 ? 100 : 96;
         cr_expect_eq(sc->check(d, &o, err, sizeof err), -1, "%s accepted d=%d", names[si], d);
-        cr_expect(strlen(err) > 0 && !strchr(err, '\n') && strstr(err, names[si]) && strstr(err, d == 96 ? "96" : "100"),
+        cr_expect(strlen(err) > 0 && !strchr(err, '\n') && strstr(err, names[si]) &&
+                      strstr(err, d == 96 ? "96" : "100"),
                   "%s: message '%s'", names[si], err);
-        cr_expect_eq(kv_stream_init(&s, sc, &o, d, 8, 0, 0, err, sizeof err), -1, "%s: init accepted d=%d", names[si], d);
+        cr_expect_eq(kv_stream_init(&s, sc, &o, d, 8, 0, 0, err, sizeof err), -1, "%s: init accepted d=%d", names[si],
+                     d);
         cr_expect_eq(sc->check(128, &o, err, sizeof err), 0, "%s refused d=128: %s", names[si], err);
     }
 }
