@@ -84,6 +84,29 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
         }
 }
 
+/* The loop every fast path shares. Threads take chunks of 64 output rows;
+ * inside, tokens go in blocks of 64, so a chunk's weights and a block's
+ * activations stay in L2 while tiles of 4 rows x T tokens sweep them, with
+ * smaller tiles for the remainders. TILE(o, i, R, T) is an inlined tile. */
+#define BLOCKED_LOOP(out, n, T, TILE)                                          \
+    _Pragma("omp parallel for schedule(static)")                              \
+    for (int oc = 0; oc < ((out) + 63) / 64; oc++) {                           \
+        int o1 = oc * 64 + 64 < (out) ? oc * 64 + 64 : (out);                  \
+        for (int ib = 0; ib < (n); ib += 64) {                                 \
+            int i1 = ib + 64 < (n) ? ib + 64 : (n), o = oc * 64;               \
+            for (; o + 4 <= o1; o += 4) {                                      \
+                int i = ib;                                                    \
+                for (; i + (T) <= i1; i += (T)) TILE(o, i, 4, (T));            \
+                for (; i < i1; i++) TILE(o, i, 4, 1);                          \
+            }                                                                  \
+            for (; o < o1; o++) {                                              \
+                int i = ib;                                                    \
+                for (; i + (T) <= i1; i += (T)) TILE(o, i, 1, (T));            \
+                for (; i < i1; i++) TILE(o, i, 1, 1);                          \
+            }                                                                  \
+        }                                                                      \
+    }
+
 /* ---- AVX-512: 16 lanes, tiles of 4 rows x 4 tokens ---- */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"), always_inline)) static inline
 
@@ -119,20 +142,9 @@ AVX512 void tile512(float *y, const float *x, const Weight *w, int o, int i, con
 }
 
 AVX512 void matmul512_dt(float *y, const float *x, const Weight *w, int n, DType dt) {
-    const int out = w->rows;
-#pragma omp parallel for schedule(static)
-    for (int ob = 0; ob < (out + 3) / 4; ob++) {
-        int o = ob * 4;
-        int i = 0;
-        if (o + 4 <= out) {
-            for (; i + 4 <= n; i += 4) tile512(y, x, w, o, i, 4, 4, dt);
-            for (; i < n; i++) tile512(y, x, w, o, i, 4, 1, dt);
-        } else
-            for (; o < out; o++) {
-                for (i = 0; i + 4 <= n; i += 4) tile512(y, x, w, o, i, 1, 4, dt);
-                for (; i < n; i++) tile512(y, x, w, o, i, 1, 1, dt);
-            }
-    }
+#define TILE512(o, i, R, T) tile512(y, x, w, o, i, R, T, dt)
+    BLOCKED_LOOP(w->rows, n, 4, TILE512)
+#undef TILE512
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) static void matmul512(float *y, const float *x,
@@ -192,8 +204,6 @@ BF16K void tile_bf16(float *y, const uint16_t *w, int in, int out, int o, int i,
         for (int t = 0; t < T; t++) y[(size_t)(i + t) * out + o + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-/* Rows in chunks of 64 per thread, tokens in blocks of 64: a chunk's weights
- * (64 x in bf16) and a block's activations stay in L2 while tiles sweep them. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma"))) static void matmul_bf16(float *y, const float *x,
                                                                                           const Weight *w, int n) {
     const int in = w->cols, out = w->rows;
@@ -202,29 +212,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma"))) static void 
     if (len > g_xcap) {
         free(g_xh);
         free(g_xl);
-        g_xh = aligned_alloc(64, len * 2 + 64);
-        g_xl = aligned_alloc(64, len * 2 + 64);
-        g_xcap = len;
-    }
-    split_bf16(x, len);
-#pragma omp parallel for schedule(static)
-    for (int oc = 0; oc < (out + 63) / 64; oc++) {
-        int o1 = oc * 64 + 64 < out ? oc * 64 + 64 : out;
-        for (int ib = 0; ib < n; ib += 64) {
-            int i1 = ib + 64 < n ? ib + 64 : n;
-            int o = oc * 64;
-            for (; o + 4 <= o1; o += 4) {
-                int i = ib;
-                for (; i + 4 <= i1; i += 4) tile_bf16(y, wd, in, out, o, i, 4, 4);
-                for (; i < i1; i++) tile_bf16(y, wd, in, out, o, i, 4, 1);
-            }
-            for (; o < o1; o++) {
-                int i = ib;
-                for (; i + 4 <= i1; i += 4) tile_bf16(y, wd, in, out, o, i, 1, 4);
-                for (; i < i1; i++) tile_bf16(y, wd, in, out, o, i, 1, 1);
-            }
+        g_xh = aligned_alloc(64, (len * 2 + 127) & ~(size_t)63);
+        g_xl = aligned_alloc(64, (len * 2 + 127) & ~(size_t)63);
+        g_xcap = g_xh && g_xl ? len : 0;
+        if (!g_xcap) { /* no memory for the split: the f32 path needs none */
+            matmul512(y, x, w, n);
+            return;
         }
     }
+    split_bf16(x, len);
+#define TILEBF(o, i, R, T) tile_bf16(y, wd, in, out, o, i, R, T)
+    BLOCKED_LOOP(out, n, 4, TILEBF)
+#undef TILEBF
 }
 
 /* ---- AVX2: 8 lanes, tiles of 4 rows x 2 tokens (16 ymm registers) ---- */
@@ -267,20 +266,9 @@ AVX2 void tile256(float *y, const float *x, const Weight *w, int o, int i, const
 }
 
 AVX2 void matmul256_dt(float *y, const float *x, const Weight *w, int n, DType dt) {
-    const int out = w->rows;
-#pragma omp parallel for schedule(static)
-    for (int ob = 0; ob < (out + 3) / 4; ob++) {
-        int o = ob * 4;
-        int i = 0;
-        if (o + 4 <= out) {
-            for (; i + 2 <= n; i += 2) tile256(y, x, w, o, i, 4, 2, dt);
-            for (; i < n; i++) tile256(y, x, w, o, i, 4, 1, dt);
-        } else
-            for (; o < out; o++) {
-                for (i = 0; i + 2 <= n; i += 2) tile256(y, x, w, o, i, 1, 2, dt);
-                for (; i < n; i++) tile256(y, x, w, o, i, 1, 1, dt);
-            }
-    }
+#define TILE256(o, i, R, T) tile256(y, x, w, o, i, R, T, dt)
+    BLOCKED_LOOP(w->rows, n, 2, TILE256)
+#undef TILE256
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void matmul256(float *y, const float *x, const Weight *w, int n) {
