@@ -69,9 +69,11 @@ static void usage(FILE *f) {
             "                   (default 3 when the model has one; 0 = off)\n"
             "  -o FILE          output file (logits: float32 [n_tokens, vocab]; compare: SVG plot)\n"
             "  -h               this help\n"
-            "KV schemes:");
-    for (int i = 0; i < kv_n_schemes; i++) fprintf(f, " %s", kv_schemes[i]->name);
-    fprintf(f, "\nexit codes: 0 ok, 1 runtime error, 2 usage error\n");
+            "KV schemes (bits per value at head_dim 128):\n");
+    KVOpts o = {0, 0};
+    for (int i = 0; i < kv_n_schemes; i++)
+        fprintf(f, "  %-8s %6.3f  %s\n", kv_schemes[i]->name, kv_schemes[i]->bits(128, &o), kv_schemes[i]->desc);
+    fprintf(f, "exit codes: 0 ok, 1 runtime error, 2 usage error\n");
 }
 
 static int usage_error(const char *fmt, ...) {

@@ -95,8 +95,11 @@ int compare_run(Model *m, const KVSpec *specs, int n, const int *ids, int n_ids,
         CompareRow *r = &rows[i];
         memset(r, 0, sizeof *r);
         kv_spec_name(&specs[i], r->name, sizeof r->name);
-        r->k_bits = specs[i].k->bits(d, &specs[i].ko);
-        r->v_bits = specs[i].v->bits(d, &specs[i].vo);
+        /* bits from what the streams really hold at this context (KIVI's
+         * float window weighs more in a short one) */
+        KVStream *ks = kv_k(&kv[i], 0, 0), *vs = kv_v(&kv[i], 0, 0);
+        r->k_bits = 8.0 * ks->scheme->bytes(ks) / ((double)ctx * d);
+        r->v_bits = 8.0 * vs->scheme->bytes(vs) / ((double)ctx * d);
         r->bytes_per_token = (double)kv_cache_bytes(&kv[i]) / ctx;
         r->ppl = exp(nll[i] / (L - 1));
         r->kl = kl[i] / L;

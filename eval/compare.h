@@ -15,7 +15,7 @@
 
 typedef struct {
     char name[64];
-    double k_bits, v_bits;    /* bits per stored value */
+    double k_bits, v_bits;    /* bits per stored value at this context */
     double bytes_per_token;   /* KV bytes per token, all layers */
     double ratio_f16;         /* f16 bytes / these bytes */
     double ppl, dppl_pct;     /* perplexity and its change vs f32, % */
