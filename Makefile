@@ -57,9 +57,28 @@ $(BUILD)/bench: $(BUILD)/tools/bench.o $(BUILD)/librun.a
 $(BUILD)/make_model: $(BUILD)/tools/make_model.o
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-# Speed is measured here, never asserted in a test.
-bench: $(BUILD)/bench_attn
+# Random-weight benchmark models, made on first use outside git (/bench/ is
+# ignored) and reused: tools/make_model.c, 1.2 GB each, ~10 s each.
+bench/qwen3-0.6b bench/qwen3-0.6b-mtp: | $(BUILD)/make_model
+	rm -rf $@.tmp
+	$(BUILD)/make_model --shape 0.6b $(if $(findstring -mtp,$@),--mtp) --out $@.tmp
+	mv $@.tmp $@
+
+# Speed is measured here, never asserted in a test. About 6 min on 2 idle
+# cores (bench ~3, bench_attn ~1, bench_spec.sh ~2; + 20 s to make the models
+# the first time); other load on the cores stretches it, up to 4x.
+bench: $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/run bench/qwen3-0.6b bench/qwen3-0.6b-mtp
+	$(BUILD)/bench bench/qwen3-0.6b
 	$(BUILD)/bench_attn
+	RUN_BIN=$(BUILD)/run sh tools/bench_spec.sh
 
 clean:
 	rm -rf build build-asan run
+
+# Retrain the shipped default model models/qwen3-kjv-mtp from scratch (fixed
+# seed; never run by CI). Needs: apt-get install -y bible-kjv bible-kjv-text
+# python3-torch libopenblas0-pthread python3-numpy. About 75 min on 2 cores.
+.PHONY: train
+train: all
+	/usr/bin/python3 tools/prepare_data.py
+	nice -n 10 /usr/bin/python3 tools/train.py --fresh

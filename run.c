@@ -26,7 +26,7 @@
 #include "tokenizer/tokenizer.h"
 
 /* The model run with no MODEL_DIR, relative to the executable's directory. */
-#define DEFAULT_MODEL "tests/data/fixtures/small"
+#define DEFAULT_MODEL "models/qwen3-kjv-mtp"
 #define DEFAULT_PROMPT "In the beginning"
 
 typedef struct {

@@ -1,0 +1,377 @@
+/* bench.c: end-to-end speed of the engine on one model directory, next to
+ * the machine's own memory bandwidth measured in the same run, as markdown.
+ *
+ *   build/bench MODEL_DIR [--threads 1,2] [--ctx 8192,32768] [--kv f16,q8,q4,tbq4]
+ *
+ * (`make bench` runs it on a random-weight Qwen3-0.6B from tools/make_model.c.)
+ * Sections, each for every thread count:
+ *   1. read bandwidth: the sum of a 1 GiB float array (AVX-512 or AVX2 loads,
+ *      OpenMP over the threads), best of 5 passes;
+ *   2. prefill: one model_forward of 512 token ids (f16 KV), best of 2 runs,
+ *      in tok/s and GFLOP/s, FLOPs = 2 x decoder matmul params x tokens
+ *      + 2 x layers x q heads x head_dim x n(n+1) for causal attention
+ *      (q.k and p.v, 2 FLOPs per multiply-add; lm_head runs for the last
+ *      token only and is not counted);
+ *   3. decode at short context: a 16-token prompt, then 128 single-token
+ *      forwards (f16 KV), each feeding back the argmax;
+ *   4. decode at long context: the cache of every layer and kv head filled
+ *      directly with kv_stream_append (random vectors with the magnitudes of
+ *      this model's k and v: the work does not depend on the values) to 8K
+ *      and 32K positions, per scheme, then 1 untimed + 32 timed decode steps
+ *      (16 above 8K positions); the cache is truncated back between thread
+ *      counts. "fill s" is the time the appends took (most threads): what
+ *      storing that many positions costs in each scheme.
+ * Decode rows give the roofline ratio: bytes read per token x tok/s divided
+ * by the measured bandwidth at that thread count, where bytes per token =
+ * every matmul weight incl. lm_head in its stored dtype (a tied model reads
+ * its embedding matrix once per token as lm_head) + the KV cache, the
+ * scheme's bytes per vector x mean positions x layers x kv heads x 2 (K, V).
+ * 1.0 means decode streams memory as fast as a plain read loop does.
+ *
+ * Thread counts: model_load sizes per-thread attention scratch from
+ * omp_get_max_threads(), and a forward run with more threads than that
+ * writes past it. So the model is loaded once per thread count, after
+ * omp_set_num_threads(t), and every forward of that copy runs with t threads
+ * (the weights are one shared mmap; each load costs only its scratch).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/model.h"
+
+#define MAX_LIST 8
+#define BW_FLOATS ((size_t)1 << 28) /* 1 GiB */
+#define PREFILL 512
+#define PROMPT 16
+#define DECODE 128
+#define POOL 4096 /* random k/v vectors cycled through when filling caches */
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void fail(const char *what, const char *err) {
+    fprintf(stderr, "bench: %s: %s\n", what, err);
+    exit(1);
+}
+
+static unsigned long long rng = 0x9E3779B97F4A7C15ULL;
+static unsigned long long next_u64(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return rng;
+}
+static float gauss(void) {
+    double u1 = ((next_u64() >> 11) + 0.5) / 9007199254740992.0, u2 = ((next_u64() >> 11) + 0.5) / 9007199254740992.0;
+    return (float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* ---- memory bandwidth ---- */
+
+/* Four independent accumulators keep enough loads in flight to saturate
+ * memory rather than the add latency. n is a multiple of 64. */
+__attribute__((target("avx512f"))) static float sum_avx512(const float *a, size_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < n; i += 64) {
+        s0 = _mm512_add_ps(s0, _mm512_load_ps(a + i));
+        s1 = _mm512_add_ps(s1, _mm512_load_ps(a + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_load_ps(a + i + 32));
+        s3 = _mm512_add_ps(s3, _mm512_load_ps(a + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+__attribute__((target("avx2"))) static float sum_avx2(const float *a, size_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < n; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_load_ps(a + i));
+        s1 = _mm256_add_ps(s1, _mm256_load_ps(a + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_load_ps(a + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_load_ps(a + i + 24));
+    }
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+
+static float sum_plain(const float *a, size_t n) {
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i < n; i += 4) s0 += a[i], s1 += a[i + 1], s2 += a[i + 2], s3 += a[i + 3];
+    return s0 + s1 + s2 + s3;
+}
+
+/* Best read GB/s over 5 passes of the whole array with t threads. */
+static double bandwidth(const float *a, int t) {
+    float (*sum)(const float *, size_t) = __builtin_cpu_supports("avx512f") ? sum_avx512
+                                          : __builtin_cpu_supports("avx2") ? sum_avx2 : sum_plain;
+    double best = 0;
+    volatile float sink = 0; /* keeps the sums from being optimised away */
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now();
+        float s = 0;
+        /* contiguous 64 KiB blocks per thread, as a static schedule gives */
+#pragma omp parallel for num_threads(t) schedule(static) reduction(+ : s)
+        for (size_t b = 0; b < BW_FLOATS / 16384; b++) s += sum(a + b * 16384, 16384);
+        double gbps = BW_FLOATS * sizeof(float) / (now() - t0) / 1e9;
+        sink = sink + s;
+        if (gbps > best) best = gbps;
+    }
+    return best;
+}
+
+/* ---- model helpers ---- */
+
+static double weight_bytes(const Weight *w) { return (double)w->rows * w->cols * dtype_size(w->dtype); }
+
+/* Matmul weight bytes of the decoder layers (params when bytes = 0). */
+static double layers_size(const Model *m, int bytes) {
+    double s = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        const Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+        for (int i = 0; i < 7; i++) s += bytes ? weight_bytes(w[i]) : (double)w[i]->rows * w[i]->cols;
+    }
+    return s;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static double kv_bytes_per_position(const Model *m, const KVSpec *sp) {
+    const Config *c = &m->cfg;
+    double k = sp->k->bits(c->head_dim, &sp->ko) * c->head_dim / 8, v = sp->v->bits(c->head_dim, &sp->vo) * c->head_dim / 8;
+    return (k + v) * c->n_layers * c->n_kv_heads;
+}
+
+static void forward(Model *m, KVCache *kv, const int *tok, int n, float *logits) {
+    char err[512];
+    if (model_forward(m, kv, tok, n, logits, 0, NULL, err, sizeof err)) fail("model_forward", err);
+}
+
+static void kv_open(Model *m, KVCache *kv, const char *scheme, int ctx, KVSpec *sp) {
+    char err[512];
+    if (kv_spec_parse(scheme, sp, err, sizeof err) || model_kv_init(m, kv, sp, ctx, 0, err, sizeof err))
+        fail(scheme, err);
+}
+
+/* Appends n positions of random k (unit RMS, as after k_norm with weights
+ * near 1) and v (RMS vscale) to every stream of kv, in parallel over streams. */
+static void kv_fill(KVCache *kv, int n, const float *kpool, const float *vpool, int threads) {
+    int ns = kv->n_layers * kv->n_kv, d = kv->d;
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+    for (int s = 0; s < 2 * ns; s++) {
+        KVStream *st = s < ns ? &kv->k[s] : &kv->v[s - ns];
+        const float *pool = s < ns ? kpool : vpool;
+        /* offset per stream so that no two streams hold the same sequence */
+        for (int t = 0; t < n; t++) kv_stream_append(st, pool + (size_t)((t + s * 997) % POOL) * d);
+    }
+}
+
+static int parse_list(const char *s, int *out) {
+    int n = 0;
+    for (char *end; *s; s = *end ? end + 1 : end) {
+        if (n == MAX_LIST) return -1;
+        out[n] = (int)strtol(s, &end, 10);
+        if (end == s || out[n] <= 0 || (*end && *end != ',')) return -1;
+        n++;
+    }
+    return n;
+}
+
+static void cpu_name(char *out, size_t n) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    snprintf(out, n, "unknown CPU");
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "model name", 10) == 0) {
+            char *v = strchr(line, ':');
+            if (v) snprintf(out, n, "%s", v + 2 + strspn(v + 2, " "));
+            out[strcspn(out, "\n")] = 0;
+            break;
+        }
+    if (f) fclose(f);
+}
+
+static void print_load(const char *when) {
+    double l[3] = {0, 0, 0};
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f && fscanf(f, "%lf %lf %lf", &l[0], &l[1], &l[2]) == 3)
+        printf("load average %s: %.2f %.2f %.2f (1/5/15 min; > 0 means other work shares the cores)\n", when, l[0],
+               l[1], l[2]);
+    if (f) fclose(f);
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: bench MODEL_DIR [--threads 1,2] [--ctx 8192,32768] [--kv f16,q8,q4,tbq4]\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    int threads[MAX_LIST] = {1, 2}, nt = 2, ctxs[MAX_LIST] = {8192, 32768}, nc = 2;
+    const char *dir = NULL, *kv_list = "f16,q8,q4,tbq4";
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : "";
+        if (strcmp(argv[i], "--threads") == 0) nt = parse_list(v, threads), i++;
+        else if (strcmp(argv[i], "--ctx") == 0) nc = parse_list(v, ctxs), i++;
+        else if (strcmp(argv[i], "--kv") == 0) kv_list = v, i++;
+        else if (argv[i][0] != '-' && !dir) dir = argv[i];
+        else return usage();
+        if (nt < 1 || nc < 1) return usage();
+    }
+    if (!dir) return usage();
+    int maxt = 1;
+    for (int i = 0; i < nt; i++) maxt = threads[i] > maxt ? threads[i] : maxt;
+
+    char cpu[256], err[512];
+    cpu_name(cpu, sizeof cpu);
+    /* the wait policy decides how multi-threaded decode copes with other
+     * load on the cores (measured: beside a nice-10 job, 2-thread decode ran
+     * 15x slower with libgomp's default than with passive), so runs name it */
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    printf("# bench %s\n\n%s, %d logical CPUs; kernels %s; OMP_WAIT_POLICY %s\n", dir, cpu, omp_get_num_procs(),
+           kernels_isa(), wait ? wait : "unset");
+    print_load("at start");
+
+    Model models[MAX_LIST];
+    for (int i = 0; i < nt; i++) {
+        omp_set_num_threads(threads[i]);
+        if (model_load(&models[i], dir, err, sizeof err)) fail(dir, err);
+    }
+    Model *m = &models[0];
+    const Config *c = &m->cfg;
+    const double wbytes = layers_size(m, 1) + weight_bytes(&m->lm_head), params = layers_size(m, 0);
+    printf("model: %d layers, hidden %d, heads %d/%d x %d, ffn %d, vocab %d, %s; %.3f G decoder matmul params, "
+           "%.3f GB of weights read per decoded token (matmuls + lm_head)\n\n",
+           c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn, c->vocab_size,
+           c->tie_embeddings ? "tied embeddings" : "untied lm_head", params / 1e9, wbytes / 1e9);
+
+    /* 1. bandwidth; first touch in parallel spreads the pages like the reads */
+    float *a = aligned_alloc(64, BW_FLOATS * sizeof(float));
+    if (!a) fail("bandwidth", "out of memory for 1 GiB");
+#pragma omp parallel for num_threads(maxt) schedule(static)
+    for (size_t i = 0; i < BW_FLOATS; i++) a[i] = 1.0f;
+    double bw[MAX_LIST];
+    printf("## Memory read bandwidth (sum of a 1 GiB float array, best of 5)\n\n| threads | GB/s |\n|---:|---:|\n");
+    for (int i = 0; i < nt; i++) {
+        bw[i] = bandwidth(a, threads[i]);
+        printf("| %d | %.1f |\n", threads[i], bw[i]);
+        fflush(stdout);
+    }
+    free(a);
+
+    /* token ids: random ordinary tokens (below the special ids, which start at bos) */
+    int vmax = c->bos_id > 0 && c->bos_id < c->vocab_size ? c->bos_id : c->vocab_size;
+    int tok[PREFILL];
+    for (int i = 0; i < PREFILL; i++) tok[i] = (int)(next_u64() % (unsigned long long)vmax);
+    float *logits = malloc((size_t)c->vocab_size * sizeof(float));
+    KVCache kv;
+    KVSpec sp;
+    kv_open(m, &kv, "f16", PREFILL, &sp);
+    /* warm-up: one token reads every weight once, so page faults on the
+     * mmap are not timed below (threads as m was loaded with: see above) */
+    omp_set_num_threads(threads[0]);
+    forward(m, &kv, tok, 1, logits);
+
+    /* 2. prefill */
+    const double attn_flops = 2.0 * c->n_layers * c->n_heads * c->head_dim * PREFILL * (PREFILL + 1.0);
+    const double flops = 2 * params * PREFILL + attn_flops;
+    printf("\n## Prefill, %d tokens in one model_forward, f16 KV (best of 2)\n\n"
+           "GFLOP per run = 2 x %.3f G params x %d + attention 2 x L x nH x hd x n(n+1) = %.1f + %.1f = %.1f\n\n"
+           "| threads | s | tok/s | GFLOP/s |\n|---:|---:|---:|---:|\n",
+           PREFILL, params / 1e9, PREFILL, 2 * params * PREFILL / 1e9, attn_flops / 1e9, flops / 1e9);
+    for (int i = 0; i < nt; i++) {
+        omp_set_num_threads(threads[i]);
+        double best = 1e30;
+        for (int rep = 0; rep < 2; rep++) {
+            kv_cache_truncate(&kv, 0);
+            double t0 = now();
+            forward(&models[i], &kv, tok, PREFILL, logits);
+            double dt = now() - t0;
+            best = dt < best ? dt : best;
+        }
+        printf("| %d | %.2f | %.1f | %.1f |\n", threads[i], best, PREFILL / best, flops / best / 1e9);
+        fflush(stdout);
+    }
+
+    /* 3. decode at short context */
+    const double kvpos_f16 = kv_bytes_per_position(m, &sp);
+    const double short_bytes = wbytes + kvpos_f16 * (PROMPT + (DECODE + 1) / 2.0);
+    printf("\n## Decode, %d tokens after a %d-token prompt, f16 KV\n\n"
+           "bytes per token = %.3f GB weights + f16 KV at the mean %.0f positions = %.3f GB\n\n"
+           "| threads | tok/s | ms/token | roofline |\n|---:|---:|---:|---:|\n",
+           DECODE, PROMPT, wbytes / 1e9, PROMPT + (DECODE + 1) / 2.0, short_bytes / 1e9);
+    for (int i = 0; i < nt; i++) {
+        omp_set_num_threads(threads[i]);
+        kv_cache_truncate(&kv, 0);
+        forward(&models[i], &kv, tok, PROMPT, logits);
+        double t0 = now();
+        for (int s = 0; s < DECODE; s++) {
+            int x = argmax(logits, c->vocab_size);
+            forward(&models[i], &kv, &x, 1, logits);
+        }
+        double tps = DECODE / (now() - t0);
+        printf("| %d | %.2f | %.1f | %.2f |\n", threads[i], tps, 1e3 / tps, short_bytes * tps / 1e9 / bw[i]);
+        fflush(stdout);
+    }
+    kv_cache_free(&kv);
+
+    /* 4. decode at long context, per KV scheme */
+    float *kpool = malloc((size_t)POOL * c->head_dim * sizeof(float)), *vpool = malloc((size_t)POOL * c->head_dim * sizeof(float));
+    /* v = Wv RMSNorm(x): unit-RMS input times N(0, 0.02^2) weights over hidden inputs */
+    const float vscale = 0.02f * sqrtf((float)c->hidden);
+    for (size_t i = 0; i < (size_t)POOL * c->head_dim; i++) kpool[i] = gauss(), vpool[i] = vscale * gauss();
+    printf("\n## Decode at long context: cache filled to CTX positions, then 1 + N single-token steps\n\n"
+           "KV GB/token = the scheme's bytes per vector x mean positions x %d layers x %d kv heads x 2; "
+           "roofline adds %.3f GB of weights\n\n"
+           "| ctx | kv | threads | tok/s | vs f16 | KV GB/token | roofline | fill s |\n|---:|---|---:|---:|---:|---:|---:|---:|\n",
+           c->n_layers, c->n_kv_heads, wbytes / 1e9);
+    for (int ci = 0; ci < nc; ci++) {
+        const int ctx = ctxs[ci], steps = ctx <= 8192 ? 32 : 16;
+        double f16_tps[MAX_LIST] = {0};
+        char list[256];
+        snprintf(list, sizeof list, "%s", kv_list);
+        for (char *save, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+            kv_open(m, &kv, name, ctx + 1 + steps, &sp);
+            double t0 = now();
+            kv_fill(&kv, ctx, kpool, vpool, maxt);
+            double fill_s = now() - t0;
+            const double kvb = kv_bytes_per_position(m, &sp) * (ctx + 1 + (steps + 1) / 2.0);
+            for (int i = 0; i < nt; i++) {
+                omp_set_num_threads(threads[i]);
+                int x = tok[0];
+                forward(&models[i], &kv, &x, 1, logits);
+                t0 = now();
+                for (int s = 0; s < steps; s++) {
+                    x = argmax(logits, c->vocab_size);
+                    forward(&models[i], &kv, &x, 1, logits);
+                }
+                double tps = steps / (now() - t0);
+                if (kv_cache_truncate(&kv, ctx)) fail(name, "truncate back to the filled context failed");
+                if (strcmp(name, "f16") == 0) f16_tps[i] = tps;
+                char vs[32] = "-";
+                if (f16_tps[i] > 0) snprintf(vs, sizeof vs, "%.2fx", tps / f16_tps[i]);
+                printf("| %d | %s | %d | %.2f | %s | %.3f | %.2f | ", ctx, name, threads[i], tps, vs, kvb / 1e9,
+                       (wbytes + kvb) * tps / 1e9 / bw[i]);
+                if (i == 0) printf("%.1f |\n", fill_s);
+                else printf(" |\n");
+                fflush(stdout);
+            }
+            kv_cache_free(&kv);
+        }
+    }
+    printf("\n");
+    print_load("at end");
+    free(kpool), free(vpool), free(logits);
+    for (int i = 0; i < nt; i++) model_free(&models[i]);
+    return 0;
+}
