@@ -16,14 +16,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { ISA_REF, ISA_AVX2, ISA_AVX512, ISA_AVX512BF16 } Isa;
+typedef enum { ISA_REF, ISA_AVX2, ISA_AVX512 } Isa;
 static int g_isa = -1;
 
 static Isa isa_detect(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
-        return __builtin_cpu_supports("avx512bf16") ? ISA_AVX512BF16 : ISA_AVX512;
+        return ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return ISA_AVX2;
     return ISA_REF;
@@ -42,15 +42,14 @@ static Isa isa(void) {
 }
 
 const char *kernels_isa(void) {
-    static const char *names[] = {"ref", "avx2", "avx512", "avx512bf16"};
+    static const char *names[] = {"ref", "avx2", "avx512"};
     return names[isa()];
 }
 
 int kernels_level(void) { return (int)isa(); }
 
 int kernels_set_isa(const char *name) {
-    Isa want = strcmp(name, "avx512bf16") == 0 ? ISA_AVX512BF16
-               : strcmp(name, "avx512") == 0    ? ISA_AVX512
+    Isa want = strcmp(name, "avx512") == 0    ? ISA_AVX512
                : strcmp(name, "avx2") == 0      ? ISA_AVX2
                                                 : ISA_REF;
     if (want > isa_detect() || (strcmp(name, "ref") && want == ISA_REF)) return -1;
@@ -156,76 +155,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) static void matmul
     }
 }
 
-/* ---- AVX-512 BF16: bf16 weights times activations split in two bf16 ----
- * vdpbf16ps multiplies bf16 pairs exactly and accumulates in f32. Rounding
- * the activations to bf16 would cost ~3 significant digits, so each x is
- * split as x = hi + lo with hi = bf16(x), lo = bf16(x - hi): W.x = W.hi + W.lo
- * up to |x| 2^-18, the accuracy of f32 accumulation. Two instructions per 32
- * products, each consuming the weights as stored: no widening at all. */
-#define BF16K __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma"), always_inline)) static inline
-
-/* Activation split buffers [n, in] each, grown on demand (matmul is called
- * from one thread; the parallel region is inside). */
-static uint16_t *g_xh, *g_xl;
-static size_t g_xcap;
-
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void split_bf16(const float *x, size_t len) {
-    for (size_t j = 0; j < len; j += 32) {
-        __m512 v0 = _mm512_loadu_ps(x + j), v1 = _mm512_loadu_ps(x + j + 16);
-        __m512bh hi = _mm512_cvtne2ps_pbh(v1, v0);
-        /* widen hi back to f32 (exact: a shift) to form the remainder */
-        __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256((__m512i)hi)), 16));
-        __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64((__m512i)hi, 1)), 16));
-        __m512bh lo = _mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0));
-        _mm512_storeu_si512(g_xh + j, (__m512i)hi);
-        _mm512_storeu_si512(g_xl + j, (__m512i)lo);
-    }
-}
-
-BF16K void tile_bf16(float *y, const uint16_t *w, int in, int out, int o, int i, const int R, const int T) {
-    __m512 acc[4][4];
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int j = 0; j < in; j += 32) {
-        __m512bh xh[4], xl[4];
-        for (int t = 0; t < T; t++) {
-            xh[t] = (__m512bh)_mm512_loadu_si512(g_xh + (size_t)(i + t) * in + j);
-            xl[t] = (__m512bh)_mm512_loadu_si512(g_xl + (size_t)(i + t) * in + j);
-        }
-        for (int r = 0; r < R; r++) {
-            __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (size_t)(o + r) * in + j);
-            for (int t = 0; t < T; t++) {
-                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, xh[t]);
-                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv, xl[t]);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) y[(size_t)(i + t) * out + o + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma"))) static void matmul_bf16(float *y, const float *x,
-                                                                                          const Weight *w, int n) {
-    const int in = w->cols, out = w->rows;
-    const uint16_t *wd = w->data;
-    size_t len = (size_t)n * in;
-    if (len > g_xcap) {
-        free(g_xh);
-        free(g_xl);
-        g_xh = aligned_alloc(64, (len * 2 + 127) & ~(size_t)63);
-        g_xl = aligned_alloc(64, (len * 2 + 127) & ~(size_t)63);
-        g_xcap = g_xh && g_xl ? len : 0;
-        if (!g_xcap) { /* no memory for the split: the f32 path needs none */
-            matmul512(y, x, w, n);
-            return;
-        }
-    }
-    split_bf16(x, len);
-#define TILEBF(o, i, R, T) tile_bf16(y, wd, in, out, o, i, R, T)
-    BLOCKED_LOOP(out, n, 4, TILEBF)
-#undef TILEBF
-}
-
 /* ---- AVX2: 8 lanes, tiles of 4 rows x 2 tokens (16 ymm registers) ---- */
 #define AVX2 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
@@ -281,10 +210,6 @@ __attribute__((target("avx2,fma,f16c"))) static void matmul256(float *y, const f
 
 void matmul(float *y, const float *x, const Weight *w, int n) {
     switch (isa()) {
-    case ISA_AVX512BF16:
-        if (w->dtype == DT_BF16 && w->cols % 32 == 0) matmul_bf16(y, x, w, n);
-        else matmul512(y, x, w, n);
-        break;
     case ISA_AVX512: matmul512(y, x, w, n); break;
     case ISA_AVX2: matmul256(y, x, w, n); break;
     default: matmul_ref(y, x, w, n); break;

@@ -34,11 +34,13 @@ void matmul(float *y, const float *x, const Weight *w, int n);
 /* Reads row r of w into out[cols] as f32 (embedding lookup). */
 void weight_row(const Weight *w, int r, float *out);
 
-/* Which implementation matmul and the vec_* kernels use: "avx512bf16",
- * "avx512", "avx2" or "ref". Chosen once from the CPU's features; the
- * environment variable RUN_ISA=ref|avx2|avx512 forces a lower one. */
+/* Which implementation matmul and the vec_* kernels use: "avx512", "avx2"
+ * or "ref". Chosen once from the CPU's features; the environment variable
+ * RUN_ISA=ref|avx2 forces a lower one. (An AVX-512 BF16 vdpbf16ps path with
+ * activations split in two bf16 halves, to keep f32 accuracy, measured half
+ * the speed of widening bf16 weights into f32 FMAs on this project's CPU.) */
 const char *kernels_isa(void);
-/* The same choice as a number: 0 ref, 1 avx2, 2 avx512, 3 avx512bf16. */
+/* The same choice as a number: 0 ref, 1 avx2, 2 avx512. */
 int kernels_level(void);
 /* Forces the ISA by name; returns 0, or -1 if the CPU lacks it (tests). */
 int kernels_set_isa(const char *name);

@@ -296,7 +296,8 @@ static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) 
     /* Each kv head is an independent stream: one thread appends position i
      * and immediately attends from it, exactly as decode would. */
     size_t per = attn_scratch_floats(grp, hd);
-#pragma omp parallel for schedule(static)
+    /* scratch was sized for s->threads at load: never run more */
+#pragma omp parallel for schedule(static) num_threads(s->threads)
     for (int h = 0; h < nkv; h++) {
         float *scr = s->attn_scratch + (size_t)omp_get_thread_num() * per;
         KVStream *ks = kv_k(kv, cl, h), *vs = kv_v(kv, cl, h);

@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define VOCAB 151936
 #define HEAD_DIM 128
@@ -301,6 +302,11 @@ int main(int argc, char **argv) {
     if (!s.name) die("unknown shape '%s' (expected 0.6b, 1.7b, 4b, 8b, 14b, 32b or tiny)", shape);
     if (layers) s.layers = layers;
     if (mkdir(out, 0755) && errno != EEXIST) die("cannot create %s: %s", out, strerror(errno));
+    /* a missing tokenizer should fail before gigabytes of weights are written */
+    char tok_gz[4200], tok_cfg[4200];
+    snprintf(tok_gz, sizeof tok_gz, "%s/tokenizer.json.gz", tokdir);
+    snprintf(tok_cfg, sizeof tok_cfg, "%s/tokenizer_config.json", tokdir);
+    if (access(tok_gz, R_OK) || access(tok_cfg, R_OK)) die("cannot read %s and %s", tok_gz, tok_cfg);
 
     /* shards: fill each up to max_shard bytes, in tensor order */
     Plan p = {0};
@@ -332,10 +338,8 @@ int main(int argc, char **argv) {
         close_out(f, path);
     }
     write_config(out, &s, mtp);
-    snprintf(path, sizeof path, "%s/tokenizer.json.gz", tokdir);
-    copy_file(path, out, "tokenizer.json", 1);
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", tokdir);
-    copy_file(path, out, "tokenizer_config.json", 0);
+    copy_file(tok_gz, out, "tokenizer.json", 1);
+    copy_file(tok_cfg, out, "tokenizer_config.json", 0);
     printf("wrote %s: Qwen3-%s shape, %d layers%s, %d tensors, %.2f GB bf16 in %d file%s, seed %llu\n", out, s.name,
            s.layers, mtp ? " + MTP" : "", p.n, total / 1e9, n_shards, n_shards > 1 ? "s" : "",
            (unsigned long long)seed);
