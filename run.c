@@ -601,6 +601,7 @@ int main(int argc, char **argv) {
             fwrite(text, 1, text_len, stdout);
             rc = generate(&g, ids, n_ids, a.n);
             printf("\n");
+            fflush(stdout);
         }
         if (g.spec) {
             spec_print_stats(g.spec, stderr);
