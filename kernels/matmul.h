@@ -31,6 +31,11 @@ typedef struct {
 
 void matmul_ref(float *y, const float *x, const Weight *w, int n);
 void matmul(float *y, const float *x, const Weight *w, int n);
+/* y[k] = x w[k]^T for k < count, all w[k] with the same cols: one pass with
+ * one thread team instead of count (q/k/v, gate/up). Each y[k] is exactly
+ * what matmul(y[k], x, w[k], n) gives. */
+#define MATMUL_MAX_MULTI 4
+void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n);
 /* Reads row r of w into out[cols] as f32 (embedding lookup). */
 void weight_row(const Weight *w, int r, float *out);
 

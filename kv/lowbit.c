@@ -47,12 +47,28 @@ int lb_code(const uint8_t *qs, int bits, int j) {
     return (int)(v >> (3 * (j % 8))) & 7;
 }
 
+/* lm_nearest for 16 values at a time: one compare per midpoint, counted
+ * in the lanes (the same strict v > mid, so the same indices). */
+__attribute__((target("avx512f"))) static void nearest16(const float *mid, int k, const float *y, int *idx) {
+    __m512 v = _mm512_loadu_ps(y);
+    __m512i c = _mm512_setzero_si512();
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int m = 0; m < k - 1; m++)
+        c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(v, _mm512_set1_ps(mid[m]), _CMP_GT_OQ), c, one);
+    _mm512_storeu_si512(idx, c);
+}
+
 float lb_encode(const LbFmt *f, const float *y, uint8_t *qs) {
     const int bits = f->kind, k = 1 << bits;
     float nn = 0;
+    int idx[KV_MAX_DIM];
+    int j0 = 0;
+    if (kernels_level() >= 2)
+        for (; j0 + 16 <= f->n; j0 += 16) nearest16(f->mid, k, y + j0, idx + j0);
+    for (int j = j0; j < f->n; j++) idx[j] = lm_nearest(f->mid, k, y[j]);
     memset(qs, 0, (size_t)(f->n * bits / 8));
     for (int j = 0; j < f->n; j++) {
-        int i = lm_nearest(f->mid, k, y[j]);
+        int i = idx[j];
         nn += f->cb[i] * f->cb[i];
         if (bits == 4) qs[j >> 1] |= (uint8_t)(i << ((j & 1) * 4));
         else if (bits == 2) qs[j >> 2] |= (uint8_t)(i << ((j & 3) * 2));

@@ -263,6 +263,11 @@ static void rope_tables(Model *m, int pos, int n) {
         }
 }
 
+/* Row loops over fewer elements than this run on one thread: waking the
+ * team costs a few microseconds, more than normalising a few rows (with
+ * many such loops per layer, it was a quarter of a small model's decode). */
+#define PAR_MIN 32768
+
 /* One decoder layer on x [n, H] in place; its K/V go to layer cl of kv. */
 static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
     const Config *c = &m->cfg;
@@ -271,13 +276,13 @@ static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) 
     const int qd = nh * hd, kvd = nkv * hd, half = hd / 2;
     const float eps = (float)c->eps, scale = 1.0f / sqrtf((float)hd);
 
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * H >= PAR_MIN)
     for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, L->in_norm, H, eps);
-    matmul(s->q, s->xb, &L->wq, n);
-    matmul(s->k, s->xb, &L->wk, n);
-    matmul(s->v, s->xb, &L->wv, n);
+    float *qkv[] = {s->q, s->k, s->v};
+    const Weight *wqkv[] = {&L->wq, &L->wk, &L->wv};
+    matmul_multi(qkv, wqkv, 3, s->xb, n);
     /* per-head q/k RMSNorm, then RoPE at each token's position */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * (qd + kvd) >= PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *cs = s->rope_cs + (size_t)i * half, *sn = s->rope_sn + (size_t)i * half;
         for (int h = 0; h < nh; h++) {
@@ -310,18 +315,20 @@ static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) 
     }
     matmul(s->xb, s->att, &L->wo, n);
     /* residual, then the MLP's pre-norm, row by row */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * H >= PAR_MIN)
     for (int i = 0; i < n; i++) {
         float *x = s->x + (size_t)i * H, *xb = s->xb + (size_t)i * H;
         for (int j = 0; j < H; j++) x[j] += xb[j];
         rmsnorm(xb, x, L->post_norm, H, eps);
     }
-    matmul(s->hb, s->xb, &L->wg, n);
-    matmul(s->hb2, s->xb, &L->wu, n);
-#pragma omp parallel for schedule(static)
+    float *gu[] = {s->hb, s->hb2};
+    const Weight *wgu[] = {&L->wg, &L->wu};
+    matmul_multi(gu, wgu, 2, s->xb, n);
+    /* swiglu's expf makes it worth threads sooner than the other row loops */
+#pragma omp parallel for schedule(static) if (n * c->ffn >= PAR_MIN / 8)
     for (int i = 0; i < n; i++) swiglu(s->hb + (size_t)i * c->ffn, s->hb2 + (size_t)i * c->ffn, c->ffn);
     matmul(s->xb, s->hb, &L->wd, n);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * H >= PAR_MIN)
     for (size_t j = 0; j < (size_t)n * H; j++) s->x[j] += s->xb[j];
 }
 

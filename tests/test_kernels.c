@@ -61,24 +61,33 @@ Test(kernels, matmul_matches_reference_on_every_isa) {
         }
 }
 
+/* Shapes: a column tail (in % 32), rows in 4-row tiles plus single rows,
+ * 11 tokens = two 4-token tiles plus a 3-token one; in = 2100 takes the
+ * AVX-512 path's rows-outer loop order, the others its tokens-outer one.
+ * Each row is also compared inside batches of 2 and 3 (the remainder tiles). */
 Test(kernels, matmul_rows_do_not_depend_on_batch) {
     const DType dts[] = {DT_F32, DT_F16, DT_BF16};
-    const int n = 11, out = 45, in = 128;
+    const int n = 11, shapes[][2] = {{45, 128}, {70, 100}, {9, 2100}};
     for (size_t k = 0; k < 3; k++) {
         if (kernels_set_isa(isas[k])) continue;
-        for (int di = 0; di < 3; di++) {
-            void *mem;
-            Weight w = make_weight(dts[di], out, in, &mem);
-            float *x = malloc(sizeof(float) * n * in), *all = malloc(sizeof(float) * n * out), one[45];
-            for (int i = 0; i < n * in; i++) x[i] = frand();
-            matmul(all, x, &w, n);
-            for (int i = 0; i < n; i++) {
-                matmul(one, x + (size_t)i * in, &w, 1);
-                cr_expect(memcmp(one, all + (size_t)i * out, sizeof one) == 0, "%s dtype %d: row %d changes with batch",
-                          isas[k], di, i);
+        for (int si = 0; si < 3; si++)
+            for (int di = 0; di < 3; di++) {
+                const int out = shapes[si][0], in = shapes[si][1];
+                void *mem;
+                Weight w = make_weight(dts[di], out, in, &mem);
+                float *x = malloc(sizeof(float) * n * in), *all = malloc(sizeof(float) * n * out),
+                      *few = malloc(sizeof(float) * 3 * out);
+                for (int i = 0; i < n * in; i++) x[i] = frand();
+                matmul(all, x, &w, n);
+                for (int i = 0; i < n; i++)
+                    for (int b = 1; b <= 3 && i + b <= n; b++) {
+                        matmul(few, x + (size_t)i * in, &w, b);
+                        cr_expect(memcmp(few, all + (size_t)i * out, sizeof(float) * out) == 0,
+                                  "%s dtype %d shape %dx%d: row %d changes in a batch of %d", isas[k], di, out, in,
+                                  i, b);
+                    }
+                free(x), free(all), free(few), free(mem);
             }
-            free(x), free(all), free(mem);
-        }
     }
 }
 
