@@ -7,13 +7,16 @@
  * Sections, each for every thread count:
  *   1. read bandwidth: the sum of a 1 GiB float array (AVX-512 or AVX2 loads,
  *      OpenMP over the threads), best of 5 passes;
+ *   1b. arithmetic peak: GFLOP/s of the FMA instruction the matmul kernels
+ *      issue, each thread running 12 independent chains (and vdpbf16ps
+ *      beside it where the CPU has AVX-512 BF16), best of 3;
  *   2. prefill: one model_forward of 512 token ids (f16 KV), best of 2 runs,
  *      in tok/s and GFLOP/s, FLOPs = 2 x decoder matmul params x tokens
  *      + 2 x layers x q heads x head_dim x n(n+1) for causal attention
  *      (q.k and p.v, 2 FLOPs per multiply-add; lm_head runs for the last
- *      token only and is not counted);
+ *      token only and is not counted), and that as a share of the FMA peak;
  *   3. decode at short context: a 16-token prompt, then 128 single-token
- *      forwards (f16 KV), each feeding back the argmax;
+ *      forwards (f16 KV), each feeding back the argmax, best of 2 runs;
  *   4. decode at long context: the cache of every layer and kv head filled
  *      directly with kv_stream_append (random vectors with the magnitudes of
  *      this model's k and v: the work does not depend on the values) to 8K
@@ -121,6 +124,66 @@ static double bandwidth(const float *a, int t) {
         double gbps = BW_FLOATS * sizeof(float) / (now() - t0) / 1e9;
         sink = sink + s;
         if (gbps > best) best = gbps;
+    }
+    return best;
+}
+
+/* ---- arithmetic peak ---- */
+
+/* 12 independent accumulator chains of one instruction, enough to cover
+ * its latency on both FMA ports; FLOPs per instruction: 16 lanes x 2 for
+ * vfmadd (8 x 2 on AVX2), 16 lanes x 2 pairs x 2 for vdpbf16ps. */
+#define CHAINS(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11)
+#define DECL(i) __m512 a##i = _mm512_set1_ps(1e-3f * i);
+#define SUM12 (a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11)
+__attribute__((target("avx512f"), noinline)) static float fma512_loop(long iters) {
+    CHAINS(DECL)
+    const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-3f);
+#define STEP(i) a##i = _mm512_fmadd_ps(a##i, b, c);
+    for (long k = 0; k < iters; k++) { CHAINS(STEP) }
+#undef STEP
+    return _mm512_reduce_add_ps(SUM12);
+}
+__attribute__((target("avx512f,avx512bf16"), noinline)) static float dpbf16_loop(long iters) {
+    CHAINS(DECL)
+    const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3F80), c = (__m512bh)_mm512_set1_epi16(0x3A83);
+#define STEP(i) a##i = _mm512_dpbf16_ps(a##i, b, c);
+    for (long k = 0; k < iters; k++) { CHAINS(STEP) }
+#undef STEP
+    return _mm512_reduce_add_ps(SUM12);
+}
+#undef DECL
+#undef SUM12
+#define DECL(i) __m256 a##i = _mm256_set1_ps(1e-3f * i);
+__attribute__((target("avx2,fma"), noinline)) static float fma256_loop(long iters) {
+    CHAINS(DECL)
+    const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-3f);
+#define STEP(i) a##i = _mm256_fmadd_ps(a##i, b, c);
+    for (long k = 0; k < iters; k++) { CHAINS(STEP) }
+#undef STEP
+    __m256 s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+#undef DECL
+
+/* GFLOP/s of kind (0: the FMA the matmul kernels use, 1: vdpbf16ps) with t
+ * threads each running its own chains, best of 3 runs of ~0.25 s. */
+static double peak(int kind, int t) {
+    const int wide = kernels_level() >= 2;
+    const long iters = 20000000;
+    const double flops_per = kind ? 64 : wide ? 32 : 16;
+    double best = 0;
+    volatile float sink = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now();
+        float s = 0;
+#pragma omp parallel num_threads(t) reduction(+ : s)
+        s += kind ? dpbf16_loop(iters) : wide ? fma512_loop(iters) : fma256_loop(iters);
+        double g = (double)iters * 12 * flops_per * t / (now() - t0) / 1e9;
+        sink = sink + s;
+        best = g > best ? g : best;
     }
     return best;
 }
@@ -269,6 +332,26 @@ int main(int argc, char **argv) {
     }
     free(a);
 
+    /* 1b. arithmetic peak of the instruction the matmul kernels use */
+    double fpeak[MAX_LIST] = {0};
+    const int has_bf16 = kernels_level() >= 2 && __builtin_cpu_supports("avx512bf16");
+    if (kernels_level() >= 1) {
+        printf("\n## Arithmetic peak (12 independent chains per thread, best of 3)\n\n"
+               "%s is what the matmul kernels issue (bf16 weights widened to f32 in registers)%s\n\n"
+               "| threads | %s GFLOP/s |%s\n|---:|---:|%s\n",
+               kernels_level() >= 2 ? "AVX-512 vfmadd231ps" : "AVX2 vfmadd231ps",
+               has_bf16 ? "; vdpbf16ps, which would need bf16 activations, for comparison" : "",
+               kernels_level() >= 2 ? "FMA-512" : "FMA-256", has_bf16 ? " vdpbf16ps GFLOP/s |" : "",
+               has_bf16 ? "---:|" : "");
+        for (int i = 0; i < nt; i++) {
+            fpeak[i] = peak(0, threads[i]);
+            printf("| %d | %.1f |", threads[i], fpeak[i]);
+            if (has_bf16) printf(" %.1f |", peak(1, threads[i]));
+            printf("\n");
+            fflush(stdout);
+        }
+    }
+
     /* token ids: random ordinary tokens (below the special ids, which start at bos) */
     int vmax = c->bos_id > 0 && c->bos_id < c->vocab_size ? c->bos_id : c->vocab_size;
     int tok[PREFILL];
@@ -287,7 +370,7 @@ int main(int argc, char **argv) {
     const double flops = 2 * params * PREFILL + attn_flops;
     printf("\n## Prefill, %d tokens in one model_forward, f16 KV (best of 2)\n\n"
            "GFLOP per run = 2 x %.3f G params x %d + attention 2 x L x nH x hd x n(n+1) = %.1f + %.1f = %.1f\n\n"
-           "| threads | s | tok/s | GFLOP/s |\n|---:|---:|---:|---:|\n",
+           "| threads | s | tok/s | GFLOP/s | of FMA peak |\n|---:|---:|---:|---:|---:|\n",
            PREFILL, params / 1e9, PREFILL, 2 * params * PREFILL / 1e9, attn_flops / 1e9, flops / 1e9);
     for (int i = 0; i < nt; i++) {
         omp_set_num_threads(threads[i]);
@@ -299,27 +382,33 @@ int main(int argc, char **argv) {
             double dt = now() - t0;
             best = dt < best ? dt : best;
         }
-        printf("| %d | %.2f | %.1f | %.1f |\n", threads[i], best, PREFILL / best, flops / best / 1e9);
+        printf("| %d | %.2f | %.1f | %.1f | ", threads[i], best, PREFILL / best, flops / best / 1e9);
+        if (fpeak[i] > 0) printf("%.0f%% |\n", 100 * flops / best / 1e9 / fpeak[i]);
+        else printf("- |\n");
         fflush(stdout);
     }
 
     /* 3. decode at short context */
     const double kvpos_f16 = kv_bytes_per_position(m, &sp);
     const double short_bytes = wbytes + kvpos_f16 * (PROMPT + (DECODE + 1) / 2.0);
-    printf("\n## Decode, %d tokens after a %d-token prompt, f16 KV\n\n"
+    printf("\n## Decode, %d tokens after a %d-token prompt, f16 KV (best of 2)\n\n"
            "bytes per token = %.3f GB weights + f16 KV at the mean %.0f positions = %.3f GB\n\n"
            "| threads | tok/s | ms/token | roofline |\n|---:|---:|---:|---:|\n",
            DECODE, PROMPT, wbytes / 1e9, PROMPT + (DECODE + 1) / 2.0, short_bytes / 1e9);
     for (int i = 0; i < nt; i++) {
         omp_set_num_threads(threads[i]);
-        kv_cache_truncate(&kv, 0);
-        forward(&models[i], &kv, tok, PROMPT, logits);
-        double t0 = now();
-        for (int s = 0; s < DECODE; s++) {
-            int x = argmax(logits, c->vocab_size);
-            forward(&models[i], &kv, &x, 1, logits);
+        double tps = 0;
+        for (int rep = 0; rep < 2; rep++) {
+            kv_cache_truncate(&kv, 0);
+            forward(&models[i], &kv, tok, PROMPT, logits);
+            double t0 = now();
+            for (int s = 0; s < DECODE; s++) {
+                int x = argmax(logits, c->vocab_size);
+                forward(&models[i], &kv, &x, 1, logits);
+            }
+            double r = DECODE / (now() - t0);
+            tps = r > tps ? r : tps;
         }
-        double tps = DECODE / (now() - t0);
         printf("| %d | %.2f | %.1f | %.2f |\n", threads[i], tps, 1e3 / tps, short_bytes * tps / 1e9 / bw[i]);
         fflush(stdout);
     }
