@@ -8,6 +8,7 @@
  * rotation back at the end. Nothing dequantizes the cache into a buffer.
  */
 #include "attn/attn.h"
+#include "kernels/ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,16 +39,12 @@ void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, fl
             float *pi = p + (size_t)i * ATTN_CHUNK, cm = m[i];
             for (int t = 0; t < n; t++) cm = pi[t] > cm ? pi[t] : cm;
             /* rescale what was accumulated under the old max */
-            float corr = expf(m[i] - cm), sum = 0;
+            float corr = expf(m[i] - cm);
             if (corr != 1.0f) {
                 float *ai = acc + (size_t)i * d;
                 for (int j = 0; j < d; j++) ai[j] *= corr;
             }
-            for (int t = 0; t < n; t++) {
-                pi[t] = expf(pi[t] - cm);
-                sum += pi[t];
-            }
-            l[i] = l[i] * corr + sum;
+            l[i] = l[i] * corr + exp_sub_sum(pi, n, cm);
             m[i] = cm;
         }
         kv_accum(v, p, ATTN_CHUNK, nq, t0, t1, acc);

@@ -1,8 +1,17 @@
 /* ops.c: see ops.h. Sums run in double where a long reduction feeds a
  * normalisation (RMSNorm over 1024..5120 values), so the result does not
- * drift with the length of the row. */
+ * drift with the length of the row.
+ *
+ * exp on AVX-512 (exp16): e^x = 2^k e^r with k = round(x log2 e) and
+ * r = x - k ln 2 in two parts (Cody-Waite: ln 2 = C1 + C2, C1 exact in a
+ * few bits, so k C1 is exact); e^r on |r| <= ln2/2 by Cephes expf's degree-7
+ * polynomial; 2^k applied with vscalefps, which also gives 0 and inf at the
+ * ends. Within 2 ulp of libm's expf on [-87, 88] (tested).
+ */
 #include "kernels/ops.h"
+#include "kernels/matmul.h"
 
+#include <immintrin.h>
 #include <math.h>
 
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
@@ -21,8 +30,77 @@ void rope(float *x, const float *cs, const float *sn, int d) {
     }
 }
 
-void swiglu(float *a, const float *b, int n) {
+#define AVX512 __attribute__((target("avx512f"))) static inline
+
+AVX512 __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-104.0f));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, k);
+}
+
+/* The whole 16-lane part of x; returns how many it did. */
+AVX512 int exp16_run(float *y, const float *x, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+    return i;
+}
+
+void exp16_array(float *y, const float *x, int n) {
+    int i = kernels_level() >= 2 ? exp16_run(y, x, n) : 0;
+    for (; i < n; i++) y[i] = expf(x[i]);
+}
+
+void swiglu_ref(float *a, const float *b, int n) {
     for (int i = 0; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+}
+
+AVX512 void swiglu16(float *a, const float *b, int n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = _mm512_loadu_ps(a + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        _mm512_storeu_ps(a + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(b + i)));
+    }
+    swiglu_ref(a + i, b + i, n - i);
+}
+
+void swiglu(float *a, const float *b, int n) {
+    if (kernels_level() >= 2) swiglu16(a, b, n);
+    else swiglu_ref(a, b, n);
+}
+
+float exp_sub_sum_ref(float *x, int n, float m) {
+    float sum = 0;
+    for (int i = 0; i < n; i++) sum += (x[i] = expf(x[i] - m));
+    return sum;
+}
+
+/* 16 lanes of partial sums, reduced in a fixed tree, then the tail. */
+AVX512 float exp_sub_sum16(float *x, int n, float m) {
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 mv = _mm512_set1_ps(m);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc) + exp_sub_sum_ref(x + i, n - i, m);
+}
+
+float exp_sub_sum(float *x, int n, float m) {
+    return kernels_level() >= 2 ? exp_sub_sum16(x, n, m) : exp_sub_sum_ref(x, n, m);
 }
 
 void softmax(float *x, int n) {

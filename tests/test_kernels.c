@@ -10,6 +10,7 @@
 
 #include "kernels/half.h"
 #include "kernels/matmul.h"
+#include "kernels/ops.h"
 #include "kernels/vec.h"
 
 static const char *isas[] = {"ref", "avx2", "avx512"};
@@ -125,4 +126,38 @@ Test(kernels, half_conversions_round_trip) {
     cr_expect_eq(f32_to_f16(65520.0f), 0x7C00, "overflow rounds to inf");
     cr_expect_eq(f32_to_f16(1e-8f), 0, "underflow to zero");
     cr_expect_eq(bf16_to_f32(0x3F80), 1.0f);
+}
+
+/* The AVX-512 exp within 2 ulp of libm's expf over its whole useful range
+ * (results that are subnormal or zero in libm only need to be tiny), and
+ * swiglu / exp_sub_sum against their libm references. */
+Test(kernels, exp_matches_libm) {
+    if (kernels_set_isa("avx512")) return; /* the plain paths are libm itself */
+    enum { N = 200000 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) x[i] = -103.9f + (88.6f + 103.9f) * i / (N - 1);
+    exp16_array(y, x, N);
+    for (int i = 0; i < N; i++) {
+        float r = expf(x[i]);
+        if (r < 1.2e-38f) {
+            cr_expect(y[i] < 1.2e-38f, "exp(%g): %g vs %g", x[i], y[i], r);
+            continue;
+        }
+        int32_t a, b;
+        memcpy(&a, &r, 4), memcpy(&b, &y[i], 4);
+        cr_expect(abs(a - b) <= 2, "exp(%g): %g vs libm %g (%d ulp)", x[i], y[i], r, abs(a - b));
+    }
+    float a[300], a2[300], b[300], s1[300], s2[300];
+    for (int n = 1; n < 300; n += 23) {
+        for (int i = 0; i < n; i++) a[i] = a2[i] = 8 * frand(), b[i] = frand(), s1[i] = s2[i] = 10 * frand();
+        swiglu(a, b, n);
+        swiglu_ref(a2, b, n);
+        for (int i = 0; i < n; i++)
+            cr_expect(fabsf(a[i] - a2[i]) <= 1e-6f * (1 + fabsf(a2[i])), "swiglu n=%d i=%d: %g vs %g", n, i, a[i], a2[i]);
+        float e1 = exp_sub_sum(s1, n, 3.0f), e2 = exp_sub_sum_ref(s2, n, 3.0f);
+        cr_expect(fabsf(e1 - e2) <= 1e-5f * e2, "exp_sub_sum n=%d: %g vs %g", n, e1, e2);
+        for (int i = 0; i < n; i++)
+            cr_expect(fabsf(s1[i] - s2[i]) <= 3e-7f * s2[i], "exp_sub_sum n=%d i=%d: %g vs %g", n, i, s1[i], s2[i]);
+    }
+    free(x), free(y);
 }
