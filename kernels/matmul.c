@@ -14,8 +14,10 @@
  */
 #include "kernels/matmul.h"
 #include "kernels/half.h"
+#include "kernels/hsum.h"
 
 #include <immintrin.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,33 +137,23 @@ AVX512 void ld32(const void *p, size_t idx, DType dt, __m512 *lo, __m512 *hi) {
     }
 }
 
-/* The 16-lane sums of a, b, c, d as [sa, sb, sc, sd]. Each sum's tree
- * involves only its own lanes, so it is the same whatever sits beside it. */
-AVX512 __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-    __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
-    __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
 /* How far ahead of the tile being read to prefetch its weights: measured on
  * a 311 MB lm_head at one token, 16 -> 23 GB/s at 2 threads (10.7 -> 14.3 at
  * 1), flat between 2 and 4 KiB. The hardware prefetcher alone does not keep
  * enough misses in flight for R rows read side by side. */
 #define PREFETCH_BYTES 2048
 
-/* R rows from o, T tokens from i: y[i+t][o+r] for r < R, t < T. xs is x in
- * the order ld32 widens (split for bf16); x itself serves the tail. When
- * pf, the R rows' worth of bytes after the tile are prefetched as it goes:
- * the first pass over a chunk's rows streams them from memory. */
-AVX512 void tile512(float *y, const float *xs, const float *x, const Weight *w, int o, int i, const int R,
-                    const int T, DType dt, int pf) {
+/* R rows from o, T tokens from i: y[i+t][o+r] for r < R, t < T. Row o's
+ * weights are read as dt from wd + (o - ob) * cols (w->data and 0, or a
+ * packed chunk); the tail reads w itself. xs is x in the order ld32 widens
+ * (split for bf16); x serves the tail. When pf, the R rows' worth of bytes
+ * after the tile are prefetched as it goes: the first pass over a chunk's
+ * rows streams them from memory. */
+AVX512 void tile512(float *y, const float *xs, const float *x, const Weight *w, const void *wd, int ob, int o, int i,
+                    const int R, const int T, DType dt, const int pf) {
     const int in = w->cols, out = w->rows, vec = in & ~31;
     const size_t es = dtype_size(dt);
-    const char *next = (const char *)w->data + (size_t)(o + R) * in * es + PREFETCH_BYTES;
+    const char *next = (const char *)wd + (size_t)(o - ob + R) * in * es + PREFETCH_BYTES;
     __m512 acc[4][4];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
@@ -175,7 +167,7 @@ AVX512 void tile512(float *y, const float *xs, const float *x, const Weight *w, 
         }
         for (int r = 0; r < R; r++) {
             __m512 lo, hi;
-            ld32(w->data, (size_t)(o + r) * in + j, dt, &lo, &hi);
+            ld32(wd, (size_t)(o - ob + r) * in + j, dt, &lo, &hi);
             for (int t = 0; t < T; t++) {
                 acc[r][t] = _mm512_fmadd_ps(lo, xl[t], acc[r][t]);
                 acc[r][t] = _mm512_fmadd_ps(hi, xh[t], acc[r][t]);
@@ -188,7 +180,7 @@ AVX512 void tile512(float *y, const float *xs, const float *x, const Weight *w, 
     for (int k = 0; k < R * T; k += 4) {
         __m512 v[4];
         for (int q = 0; q < 4; q++) v[q] = k + q < R * T ? acc[(k + q) / T][(k + q) % T] : z;
-        _mm_storeu_ps(sums + k, hsum4(v[0], v[1], v[2], v[3]));
+        _mm_storeu_ps(sums + k, hsum4_512(v[0], v[1], v[2], v[3]));
     }
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) {
@@ -200,52 +192,82 @@ AVX512 void tile512(float *y, const float *xs, const float *x, const Weight *w, 
 }
 
 /* T tokens at i over rows [o0, o1): 4-row tiles, then single rows. */
-AVX512 void rows512(float *y, const float *xs, const float *x, const Weight *w, int o0, int o1, int i, const int T,
-                    DType dt, int pf) {
+AVX512 void rows512(float *y, const float *xs, const float *x, const Weight *w, const void *wd, int ob, int o0, int o1,
+                    int i, const int T, DType dt, const int pf) {
     int o = o0;
-    for (; o + 4 <= o1; o += 4) tile512(y, xs, x, w, o, i, 4, T, dt, pf);
-    for (; o < o1; o++) tile512(y, xs, x, w, o, i, 1, T, dt, pf);
+    for (; o + 4 <= o1; o += 4) tile512(y, xs, x, w, wd, ob, o, i, 4, T, dt, pf);
+    for (; o < o1; o++) tile512(y, xs, x, w, wd, ob, o, i, 1, T, dt, pf);
 }
 
-/* Tokens [i0, i1) over rows [o0, o1) in 4-token tiles, the last 1-3 tokens
- * in one smaller tile. */
-AVX512 void tokens512(float *y, const float *xs, const float *x, const Weight *w, int o0, int o1, int i0, int i1,
-                      DType dt) {
-    int i = i0;
-    for (; i + 4 <= i1; i += 4) rows512(y, xs, x, w, o0, o1, i, 4, dt, i == 0);
-    switch (i1 - i) {
-    case 3: rows512(y, xs, x, w, o0, o1, i, 3, dt, i == 0); break;
-    case 2: rows512(y, xs, x, w, o0, o1, i, 2, dt, i == 0); break;
-    case 1: rows512(y, xs, x, w, o0, o1, i, 1, dt, i == 0); break;
+/* All n tokens over rows [o0, o1) in 4-token tiles, the last 1-3 tokens in
+ * one smaller tile; the first tile prefetches (it reads from memory). */
+AVX512 void tokens512(float *y, const float *xs, const float *x, const Weight *w, const void *wd, int ob, int o0,
+                      int o1, int n, DType dt) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        if (i == 0) rows512(y, xs, x, w, wd, ob, o0, o1, i, 4, dt, 1);
+        else rows512(y, xs, x, w, wd, ob, o0, o1, i, 4, dt, 0);
+    }
+    switch (n - i) {
+    case 3: rows512(y, xs, x, w, wd, ob, o0, o1, i, 3, dt, i == 0); break;
+    case 2: rows512(y, xs, x, w, wd, ob, o0, o1, i, 2, dt, i == 0); break;
+    case 1: rows512(y, xs, x, w, wd, ob, o0, o1, i, 1, dt, i == 0); break;
     }
 }
 
-/* One chunk of 64 output rows [o0, o1) for all n tokens. When 4 tokens of
- * x fit in 32 KiB of L1 (in <= 2048) a 4-token tile stays there while the
- * chunk's rows stream past from L2; for wider rows 4 rows stay while tokens
- * stream (measured 115 vs 89 GFLOP/s at in = 1024 and 87 vs 102 at
- * in = 3072, one thread, 64 tokens). Either order leaves every dot product
- * as it was. */
-AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w, int o0, int o1, int n, DType dt) {
-    if (w->cols <= 2048) tokens512(y, xs, x, w, o0, o1, 0, n, dt);
-    else
-        for (int o = o0; o < o1; o += 4) tokens512(y, xs, x, w, o, o + 4 < o1 ? o + 4 : o1, 0, n, dt);
+/* Batches of at least this many tokens widen each bf16 chunk once into f32
+ * (packed) instead of once per 4-token tile: the widening is a quarter of
+ * a tile's vector instructions, on the same two ports as its FMAs
+ * (measured: 0.6B prefill of 512 tokens 174 -> 205 tok/s at 2 threads). */
+#define PACK_MIN 16
+
+/* One chunk of 64 output rows [o0, o1) for all n tokens: a 4-token tile of
+ * x stays in L1/L2 while the chunk's rows (in L2 after the first tile)
+ * stream past. (Keeping 4 rows and streaming tokens instead measured
+ * 92 vs 97 GFLOP/s at in = 3072, 128 tokens, and half at 512 tokens.)
+ * pack [64 * cols] is this thread's buffer for a widened bf16 chunk: its
+ * rows hold the lo, hi vectors ld32 makes, so the f32 tiles over it do the
+ * same FMAs on the same values as the bf16 tiles would. */
+AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w, int o0, int o1, int n, DType dt,
+                     float *pack) {
+    const int in = w->cols, vec = in & ~31;
+    if (dt != DT_BF16 || n < PACK_MIN || !pack) {
+        tokens512(y, xs, x, w, w->data, 0, o0, o1, n, dt);
+        return;
+    }
+    for (int o = o0; o < o1; o++)
+        for (int j = 0; j < vec; j += 32) {
+            __m512 lo, hi;
+            ld32(w->data, (size_t)o * in + j, DT_BF16, &lo, &hi);
+            _mm512_storeu_ps(pack + (size_t)(o - o0) * in + j, lo);
+            _mm512_storeu_ps(pack + (size_t)(o - o0) * in + j + 16, hi);
+        }
+    tokens512(y, xs, x, w, pack, o0, o0, o1, n, DT_F32);
 }
 
-/* x [n, in] with every 32-column block reordered |16 even|16 odd|, the
- * order ld32 widens bf16 pairs in; columns past the last block are left out
- * (the tail reads x). One buffer per thread that calls matmul, grown as
- * needed and kept: the forward pass calls matmul hundreds of times a token. */
-static _Thread_local float *split_buf;
-static _Thread_local size_t split_cap;
+/* Per-calling-thread buffers, grown as needed and kept (the forward pass
+ * calls matmul hundreds of times a token), 64-byte aligned so that every
+ * 16-float load sits in one cache line (with malloc's 16-byte alignment
+ * they all straddled two, which cost 15% of prefill):
+ *   split: x [n, in] with every 32-column block reordered |16 even|16 odd|,
+ *          the order ld32 widens bf16 pairs in (columns past the last
+ *          block are left out: the tail reads x);
+ *   pack:  [threads, 64, in] widened bf16 chunks, one per team thread. */
+typedef struct {
+    float *buf;
+    size_t cap;
+} Buf64;
+static _Thread_local Buf64 split_buf, pack_buf;
 
-static float *split_alloc(size_t floats) {
-    if (floats > split_cap) {
-        float *b = realloc(split_buf, floats * sizeof(float));
-        if (!b) return NULL;
-        split_buf = b, split_cap = floats;
+static float *buf_get(Buf64 *b, size_t floats) {
+    if (floats > b->cap) {
+        size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
+        float *p = aligned_alloc(64, bytes);
+        if (!p) return NULL;
+        free(b->buf);
+        b->buf = p, b->cap = floats;
     }
-    return split_buf;
+    return b->buf;
 }
 
 /* All count projections in one thread team: x is split once, then threads
@@ -260,10 +282,14 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
         first[k + 1] = first[k] + (w[k]->rows + 63) / 64;
         split |= w[k]->dtype == DT_BF16;
     }
-    float *xs = split ? split_alloc((size_t)n * in) : NULL;
+    float *xs = split ? buf_get(&split_buf, (size_t)n * in) : NULL;
     if (split && !xs) return -1;
-#pragma omp parallel
+    /* no pack buffer (out of memory) only means tiles widen as they go */
+    const int threads = omp_get_max_threads();
+    float *pack = split && n >= PACK_MIN ? buf_get(&pack_buf, (size_t)threads * 64 * in) : NULL;
+#pragma omp parallel num_threads(threads)
     {
+        float *mine = pack ? pack + (size_t)omp_get_thread_num() * 64 * in : NULL;
         if (split) {
 #pragma omp for schedule(static)
             for (int i = 0; i < n; i++) {
@@ -280,9 +306,9 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
             const Weight *wk = w[k];
             int o0 = (c - first[k]) * 64, o1 = o0 + 64 < wk->rows ? o0 + 64 : wk->rows;
             switch (wk->dtype) {
-            case DT_F32: chunk512(y[k], x, x, wk, o0, o1, n, DT_F32); break;
-            case DT_F16: chunk512(y[k], x, x, wk, o0, o1, n, DT_F16); break;
-            default: chunk512(y[k], xs, x, wk, o0, o1, n, DT_BF16); break;
+            case DT_F32: chunk512(y[k], x, x, wk, o0, o1, n, DT_F32, NULL); break;
+            case DT_F16: chunk512(y[k], x, x, wk, o0, o1, n, DT_F16, NULL); break;
+            default: chunk512(y[k], xs, x, wk, o0, o1, n, DT_BF16, mine); break;
             }
         }
     }

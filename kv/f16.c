@@ -3,11 +3,14 @@
  *   stream: | f16 x[d] | f16 x[d] | ...   2·d bytes per position
  *
  * Narrowing rounds to nearest even (kernels/half.h); scores and the value
- * sum widen each half in registers (F16C), never into a float buffer.
+ * sum widen each half in registers (F16C), never into a float buffer:
+ * AVX-512 tiles (kv/tile512.h) where the CPU has them, else kernels/vec.c.
  */
 #include "kernels/vec.h"
 #include "kernels/half.h"
+#include "kernels/matmul.h"
 #include "kv/kv.h"
+#include "kv/tile512.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,12 +47,36 @@ static void f16_dequant(const KVStream *s, int t, float *out) {
     for (int j = 0; j < s->d; j++) out[j] = f16_to_f32(h[j]);
 }
 
+TILE512 __m512 widen16(const KVStream *s, int t, int j) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row(s, t) + j)));
+}
+
+__attribute__((target("avx512f,avx512dq,f16c"))) static void score512(const KVStream *s, const float *q, int nq,
+                                                                      int t0, int t1, float *out, int ldo) {
+    tile_score_all(s, widen16, (size_t)s->d * 2, q, nq, t0, t1, out, ldo);
+}
+
+__attribute__((target("avx512f,avx512dq,f16c"))) static void accum512(const KVStream *s, const float *p, int ldp,
+                                                                      int nq, int t0, int t1, float *acc) {
+    tile_accum_all(s, widen16, (size_t)s->d * 2, p, ldp, nq, t0, t1, acc);
+}
+
+/* AVX-512 tiles (kv/tile512.h) where the CPU and d allow; else one dot or
+ * axpy per position and head (kernels/vec.c, AVX2 or plain C). */
 static void f16_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    if (kernels_level() >= 2 && s->d % 16 == 0) {
+        score512(s, q, nq, t0, t1, out, ldo);
+        return;
+    }
     for (int t = t0; t < t1; t++)
         for (int i = 0; i < nq; i++) out[(size_t)i * ldo + (t - t0)] = vec_dot_f16(row(s, t), q + (size_t)i * s->d, s->d);
 }
 
 static void f16_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    if (kernels_level() >= 2 && s->d % 128 == 0) {
+        accum512(s, p, ldp, nq, t0, t1, acc);
+        return;
+    }
     for (int t = t0; t < t1; t++)
         for (int i = 0; i < nq; i++) vec_axpy_f16(acc + (size_t)i * s->d, p[(size_t)i * ldp + (t - t0)], row(s, t), s->d);
 }

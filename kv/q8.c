@@ -3,7 +3,8 @@
  *
  * Data flow: kv_stream_append quantizes one K or V vector into d/32 blocks;
  * attention scores and sums straight from the blocks (q8_score, q8_accum),
- * never widening a cached vector into a float buffer.
+ * never widening a cached vector into a float buffer: AVX-512 tiles
+ * (kv/tile512.h) where the CPU has them, else AVX2 or plain C below.
  *
  *   block:  | fp16 d | int8 q[32] |          34 bytes per 32 values (8.5 bits)
  *   stream: | block 0 .. block d/32-1 | ...  one row of d/32 blocks per position
@@ -15,6 +16,7 @@
 #include "kernels/half.h"
 #include "kernels/matmul.h"
 #include "kv/kv.h"
+#include "kv/tile512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -198,13 +200,33 @@ AVX2 static void accum_avx2(const KVStream *s, const float *p, int ldp, int nq, 
     }
 }
 
+/* Values j..j+15 of position t (half of a block): codes times the scale,
+ * exactly the dequantized floats. */
+TILE512 __m512 widen16(const KVStream *s, int t, int j) {
+    const BlockQ8 *b = row(s, t) + j / QK;
+    __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->q + j % QK))));
+    return _mm512_mul_ps(c, _mm512_set1_ps(_cvtsh_ss(b->d)));
+}
+
+__attribute__((target("avx512f,avx512dq,f16c"))) static void score512(const KVStream *s, const float *q, int nq,
+                                                                      int t0, int t1, float *out, int ldo) {
+    tile_score_all(s, widen16, row_bytes(s), q, nq, t0, t1, out, ldo);
+}
+
+__attribute__((target("avx512f,avx512dq,f16c"))) static void accum512(const KVStream *s, const float *p, int ldp,
+                                                                      int nq, int t0, int t1, float *acc) {
+    tile_accum_all(s, widen16, row_bytes(s), p, ldp, nq, t0, t1, acc);
+}
+
 static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    if (kernels_level() > 0) score_avx2(s, q, nq, t0, t1, out, ldo);
+    if (kernels_level() >= 2) score512(s, q, nq, t0, t1, out, ldo);
+    else if (kernels_level() > 0) score_avx2(s, q, nq, t0, t1, out, ldo);
     else score_c(s, q, nq, t0, t1, out, ldo);
 }
 
 static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
-    if (kernels_level() > 0) accum_avx2(s, p, ldp, nq, t0, t1, acc);
+    if (kernels_level() >= 2 && s->d % 128 == 0) accum512(s, p, ldp, nq, t0, t1, acc);
+    else if (kernels_level() > 0) accum_avx2(s, p, ldp, nq, t0, t1, acc);
     else accum_c(s, p, ldp, nq, t0, t1, acc);
 }
 

@@ -137,6 +137,11 @@ static void rope_init(Model *m) {
     m->rope_mscale = (float)c->yarn_attn_factor;
 }
 
+/* n floats on a 64-byte boundary, so that the kernels' 16-float loads of
+ * activation rows whose length is a multiple of 16 never straddle two
+ * cache lines. */
+static float *floats64(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63); }
+
 static int scratch_init(Model *m, char *err, size_t errlen) {
     const Config *c = &m->cfg;
     Scratch *s = &m->s;
@@ -144,19 +149,18 @@ static int scratch_init(Model *m, char *err, size_t errlen) {
     size_t kvd = (size_t)c->n_kv_heads * c->head_dim, I = (size_t)c->ffn, half = (size_t)c->head_dim / 2;
     s->cap = MODEL_BATCH;
     s->threads = omp_get_max_threads();
-    s->x = malloc(cap * H * sizeof(float));
-    s->xb = malloc(cap * H * sizeof(float));
-    s->q = malloc(cap * qd * sizeof(float));
-    s->k = malloc(cap * kvd * sizeof(float));
-    s->v = malloc(cap * kvd * sizeof(float));
-    s->att = malloc(cap * qd * sizeof(float));
-    s->hb = malloc(cap * I * sizeof(float));
-    s->hb2 = malloc(cap * I * sizeof(float));
-    s->rope_cs = malloc(cap * half * sizeof(float));
-    s->rope_sn = malloc(cap * half * sizeof(float));
-    s->attn_scratch = malloc((size_t)s->threads * attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim) *
-                             sizeof(float));
-    if (m->has_mtp) s->cat = malloc(cap * 2 * H * sizeof(float));
+    s->x = floats64(cap * H);
+    s->xb = floats64(cap * H);
+    s->q = floats64(cap * qd);
+    s->k = floats64(cap * kvd);
+    s->v = floats64(cap * kvd);
+    s->att = floats64(cap * qd);
+    s->hb = floats64(cap * I);
+    s->hb2 = floats64(cap * I);
+    s->rope_cs = floats64(cap * half);
+    s->rope_sn = floats64(cap * half);
+    s->attn_scratch = floats64((size_t)s->threads * attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim));
+    if (m->has_mtp) s->cat = floats64(cap * 2 * H);
     if ((m->has_mtp && !s->cat) || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->rope_cs || !s->rope_sn ||
         !s->attn_scratch) {
         snprintf(err, errlen, "out of memory for activations");

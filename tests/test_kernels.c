@@ -63,12 +63,13 @@ Test(kernels, matmul_matches_reference_on_every_isa) {
 }
 
 /* Shapes: a column tail (in % 32), rows in 4-row tiles plus single rows,
- * 11 tokens = two 4-token tiles plus a 3-token one; in = 2100 takes the
- * AVX-512 path's rows-outer loop order, the others its tokens-outer one.
- * Each row is also compared inside batches of 2 and 3 (the remainder tiles). */
+ * and a row wider than the L1-sized tiles (in = 2100). 19 tokens = four
+ * 4-token tiles plus a 3-token one, over bf16 chunks widened once (packed,
+ * from 16 tokens on); each row is compared with itself alone and inside
+ * batches of 2 and 3 (the remainder tiles, widening as they go). */
 Test(kernels, matmul_rows_do_not_depend_on_batch) {
     const DType dts[] = {DT_F32, DT_F16, DT_BF16};
-    const int n = 11, shapes[][2] = {{45, 128}, {70, 100}, {9, 2100}};
+    const int n = 19, shapes[][2] = {{45, 128}, {70, 100}, {9, 2100}};
     for (size_t k = 0; k < 3; k++) {
         if (kernels_set_isa(isas[k])) continue;
         for (int si = 0; si < 3; si++)

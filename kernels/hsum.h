@@ -1,0 +1,26 @@
+/* hsum.h: horizontal sums of AVX-512 vectors, four at a time.
+ *
+ * Used where many dot products end at once (matmul tiles, attention score
+ * tiles): one shuffle tree for four vectors costs about what one
+ * _mm512_reduce_add_ps costs for a single vector. Each output's tree only
+ * involves its own vector's lanes, in a fixed order, so a sum does not
+ * depend on which vectors sit beside it (zeros included).
+ */
+#ifndef KERNELS_HSUM_H
+#define KERNELS_HSUM_H
+
+#include <immintrin.h>
+
+/* [sum(a), sum(b), sum(c), sum(d)] */
+__attribute__((target("avx512f,avx512dq"), always_inline)) static inline __m128 hsum4_512(__m512 a, __m512 b,
+                                                                                        __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+    __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+#endif

@@ -1,0 +1,122 @@
+/* tile512.h: AVX-512 attention loops for the KV schemes whose cached values
+ * widen to floats 16 at a time (f16, q8), included by those schemes' files.
+ *
+ * Data flow: attn_group -> kv_score / kv_accum -> scheme -> these loops; the
+ * scheme passes its widening function W(s, t, j), which returns values
+ * j..j+15 of position t as dequantized floats (always inlined, so the
+ * loops compile once per scheme with the widening in registers).
+ *
+ *   score:  out[i][t] = q_i . k_t      tiles of 4 positions x up to 4 heads:
+ *           each widened key vector feeds every head, 16-lane partial
+ *           sums, then four horizontal sums at once
+ *   accum:  acc_i += p_i,t v_t         up to 2 heads x 128 values kept in
+ *           16 registers across the whole position range, so acc is read
+ *           and written once per call instead of once per position
+ *
+ * Each dot product and each accumulator sees its terms in the same order
+ * whatever tile it falls in, so results do not depend on the range split.
+ */
+#ifndef KV_TILE512_H
+#define KV_TILE512_H
+
+#include "kernels/hsum.h"
+#include "kv/kv.h"
+
+#include <immintrin.h>
+
+#define TILE512 __attribute__((target("avx512f,avx512dq,f16c"), always_inline)) static inline
+
+typedef __m512 (*Widen16)(const KVStream *s, int t, int j);
+
+/* Positions are rows of rb bytes from s->data. The loops prefetch the row
+ * TILE_AHEAD positions ahead: the K and V streams alternate every chunk of
+ * 128 positions, and the hardware prefetcher alone kept one thread at half
+ * the bandwidth of a plain read. */
+#define TILE_AHEAD 16
+
+TILE512 void tile_prefetch(const KVStream *s, size_t rb, int t) {
+    const char *r = (const char *)s->data + (size_t)(t + TILE_AHEAD) * rb;
+    for (size_t b = 0; b < rb; b += 64) _mm_prefetch(r + b, _MM_HINT_T0);
+}
+
+/* R positions from t x NH heads: out[i * ldo + t - t0]. */
+TILE512 void tile_score(const KVStream *s, Widen16 w, const float *q, int t, int t0, const int R, const int NH,
+                        float *out, int ldo) {
+    const int d = s->d;
+    __m512 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < NH; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int j = 0; j < d; j += 16) {
+        __m512 qv[4];
+        for (int i = 0; i < NH; i++) qv[i] = _mm512_loadu_ps(q + (size_t)i * d + j);
+        for (int r = 0; r < R; r++) {
+            __m512 k = w(s, t + r, j);
+            for (int i = 0; i < NH; i++) acc[r][i] = _mm512_fmadd_ps(k, qv[i], acc[r][i]);
+        }
+    }
+    const __m512 z = _mm512_setzero_ps();
+    for (int i = 0; i < NH; i++) {
+        float v[4];
+        _mm_storeu_ps(v, hsum4_512(acc[0][i], R > 1 ? acc[1][i] : z, R > 2 ? acc[2][i] : z, R > 3 ? acc[3][i] : z));
+        for (int r = 0; r < R; r++) out[(size_t)i * ldo + (t + r - t0)] = v[r];
+    }
+}
+
+TILE512 void tile_score_heads(const KVStream *s, Widen16 w, size_t rb, const float *q, const int NH, int t0, int t1,
+                              float *out, int ldo) {
+    int t = t0;
+    for (; t + 4 <= t1; t += 4) {
+        for (int r = 0; r < 4; r++) tile_prefetch(s, rb, t + r);
+        tile_score(s, w, q, t, t0, 4, NH, out, ldo);
+    }
+    for (; t < t1; t++) tile_score(s, w, q, t, t0, 1, NH, out, ldo);
+}
+
+/* kv_score for d % 16 == 0: heads four at a time. */
+TILE512 void tile_score_all(const KVStream *s, Widen16 w, size_t rb, const float *q, int nq, int t0, int t1,
+                            float *out, int ldo) {
+    for (int i0 = 0; i0 < nq; i0 += 4) {
+        const float *qh = q + (size_t)i0 * s->d;
+        float *o = out + (size_t)i0 * ldo;
+        switch (nq - i0 < 4 ? nq - i0 : 4) {
+        case 1: tile_score_heads(s, w, rb, qh, 1, t0, t1, o, ldo); break;
+        case 2: tile_score_heads(s, w, rb, qh, 2, t0, t1, o, ldo); break;
+        case 3: tile_score_heads(s, w, rb, qh, 3, t0, t1, o, ldo); break;
+        default: tile_score_heads(s, w, rb, qh, 4, t0, t1, o, ldo); break;
+        }
+    }
+}
+
+/* NH heads' values j0..j0+127 held in registers over positions [t0, t1). */
+TILE512 void tile_accum(const KVStream *s, Widen16 w, size_t rb, const float *p, int ldp, const int NH, int j0, int t0,
+                        int t1, float *acc) {
+    const int d = s->d;
+    __m512 a[2][8];
+    for (int i = 0; i < NH; i++)
+        for (int v = 0; v < 8; v++) a[i][v] = _mm512_loadu_ps(acc + (size_t)i * d + j0 + 16 * v);
+    for (int t = t0; t < t1; t++) {
+        __m512 pv[2];
+        if (j0 == 0) tile_prefetch(s, rb, t);
+        for (int i = 0; i < NH; i++) pv[i] = _mm512_set1_ps(p[(size_t)i * ldp + (t - t0)]);
+        for (int v = 0; v < 8; v++) {
+            __m512 x = w(s, t, j0 + 16 * v);
+            for (int i = 0; i < NH; i++) a[i][v] = _mm512_fmadd_ps(pv[i], x, a[i][v]);
+        }
+    }
+    for (int i = 0; i < NH; i++)
+        for (int v = 0; v < 8; v++) _mm512_storeu_ps(acc + (size_t)i * d + j0 + 16 * v, a[i][v]);
+}
+
+/* kv_accum for d % 128 == 0: heads two at a time, 128 values at a time. */
+TILE512 void tile_accum_all(const KVStream *s, Widen16 w, size_t rb, const float *p, int ldp, int nq, int t0, int t1,
+                            float *acc) {
+    for (int i0 = 0; i0 < nq; i0 += 2)
+        for (int j0 = 0; j0 < s->d; j0 += 128) {
+            const float *ph = p + (size_t)i0 * ldp;
+            float *ah = acc + (size_t)i0 * s->d;
+            if (nq - i0 >= 2) tile_accum(s, w, rb, ph, ldp, 2, j0, t0, t1, ah);
+            else tile_accum(s, w, rb, ph, ldp, 1, j0, t0, t1, ah);
+        }
+}
+
+#endif
