@@ -139,8 +139,9 @@ AVX512 void ld32(const void *p, size_t idx, DType dt, __m512 *lo, __m512 *hi) {
 
 /* How far ahead of the tile being read to prefetch its weights: measured on
  * a 311 MB lm_head at one token, 16 -> 23 GB/s at 2 threads (10.7 -> 14.3 at
- * 1), flat between 2 and 4 KiB. The hardware prefetcher alone does not keep
- * enough misses in flight for R rows read side by side. */
+ * 1), flat between 1 and 3 KiB. The hardware prefetcher alone does not keep
+ * enough misses in flight for R rows read side by side. Into L2 (T1): the
+ * tile reaches them a few hundred cycles later, and T0 measured no better. */
 #define PREFETCH_BYTES 2048
 
 /* R rows from o, T tokens from i: y[i+t][o+r] for r < R, t < T. Row o's
@@ -160,7 +161,7 @@ AVX512 void tile512(float *y, const float *xs, const float *x, const Weight *w, 
     for (int j = 0; j < vec; j += 32) {
         __m512 xl[4], xh[4];
         if (pf)
-            for (size_t b = 0; b < R * 32 * es; b += 64) _mm_prefetch(next + (size_t)j * R * es + b, _MM_HINT_T0);
+            for (size_t b = 0; b < R * 32 * es; b += 64) _mm_prefetch(next + (size_t)j * R * es + b, _MM_HINT_T1);
         for (int t = 0; t < T; t++) {
             xl[t] = _mm512_loadu_ps(xs + (size_t)(i + t) * in + j);
             xh[t] = _mm512_loadu_ps(xs + (size_t)(i + t) * in + j + 16);
@@ -270,12 +271,23 @@ static float *buf_get(Buf64 *b, size_t floats) {
     return b->buf;
 }
 
+/* Rows [i0, i1) of x [., in] into xs in split order (see Buf64). */
+static void split_rows(float *xs, const float *x, int i0, int i1, int in) {
+    const int vec = in & ~31;
+    for (int i = i0; i < i1; i++) {
+        const float *src = x + (size_t)i * in;
+        float *dst = xs + (size_t)i * in;
+        for (int j = 0; j < vec; j += 32)
+            for (int l = 0; l < 16; l++) dst[j + l] = src[j + 2 * l], dst[j + 16 + l] = src[j + 2 * l + 1];
+    }
+}
+
 /* All count projections in one thread team: x is split once, then threads
  * take chunks of 64 rows from the matrices laid end to end (static
  * schedule), so q, k and v (or gate and up) cost one fork and one join. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))) static int
 matmul512(float *const *y, const Weight *const *w, int count, const float *x, int n) {
-    const int in = w[0]->cols, vec = in & ~31;
+    const int in = w[0]->cols;
     int first[MATMUL_MAX_MULTI + 1], split = 0;
     first[0] = 0;
     for (int k = 0; k < count; k++) {
@@ -287,17 +299,15 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
     /* no pack buffer (out of memory) only means tiles widen as they go */
     const int threads = omp_get_max_threads();
     float *pack = split && n >= PACK_MIN ? buf_get(&pack_buf, (size_t)threads * 64 * in) : NULL;
+    /* a few rows are split before the team starts, saving it a barrier */
+    const int split_alone = (size_t)n * in <= 16384;
+    if (split && split_alone) split_rows(xs, x, 0, n, in);
 #pragma omp parallel num_threads(threads)
     {
         float *mine = pack ? pack + (size_t)omp_get_thread_num() * 64 * in : NULL;
-        if (split) {
+        if (split && !split_alone) {
 #pragma omp for schedule(static)
-            for (int i = 0; i < n; i++) {
-                const float *src = x + (size_t)i * in;
-                float *dst = xs + (size_t)i * in;
-                for (int j = 0; j < vec; j += 32)
-                    for (int l = 0; l < 16; l++) dst[j + l] = src[j + 2 * l], dst[j + 16 + l] = src[j + 2 * l + 1];
-            }
+            for (int i = 0; i < n; i++) split_rows(xs, x, i, i + 1, in);
         }
 #pragma omp for schedule(static)
         for (int c = 0; c < first[count]; c++) {
