@@ -47,24 +47,25 @@ static void f16_dequant(const KVStream *s, int t, float *out) {
     for (int j = 0; j < s->d; j++) out[j] = f16_to_f32(h[j]);
 }
 
-TILE512 __m512 widen16(const KVStream *s, int t, int j) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row(s, t) + j)));
+TILE512 void widen32(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi) {
+    *lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row(s, t) + j)));
+    *hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row(s, t) + j + 16)));
 }
 
 __attribute__((target("avx512f,avx512dq,f16c"))) static void score512(const KVStream *s, const float *q, int nq,
                                                                       int t0, int t1, float *out, int ldo) {
-    tile_score_all(s, widen16, (size_t)s->d * 2, q, nq, t0, t1, out, ldo);
+    tile_score_all(s, widen32, (size_t)s->d * 2, q, nq, t0, t1, out, ldo);
 }
 
 __attribute__((target("avx512f,avx512dq,f16c"))) static void accum512(const KVStream *s, const float *p, int ldp,
                                                                       int nq, int t0, int t1, float *acc) {
-    tile_accum_all(s, widen16, (size_t)s->d * 2, p, ldp, nq, t0, t1, acc);
+    tile_accum_all(s, widen32, (size_t)s->d * 2, p, ldp, nq, t0, t1, acc);
 }
 
 /* AVX-512 tiles (kv/tile512.h) where the CPU and d allow; else one dot or
  * axpy per position and head (kernels/vec.c, AVX2 or plain C). */
 static void f16_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    if (kernels_level() >= 2 && s->d % 16 == 0) {
+    if (kernels_level() >= 2 && s->d % 32 == 0) {
         score512(s, q, nq, t0, t1, out, ldo);
         return;
     }

@@ -319,6 +319,16 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma,f16c")))
 #define AVX512_INLINE __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) static inline
 
+/* Positions [t, t + n) of a stream of vb-byte vectors, fetched ahead of
+ * use: the K and V streams alternate every attention chunk, and without
+ * this the 4-bit kernels waited on memory at long context. */
+#define LB_AHEAD 32
+
+static inline void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
+    const char *p = (const char *)data + (size_t)t * (size_t)vb;
+    for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
 /* Lane l of a decoded 16-group holds value perm16[l] of the group, and
  * value m sits in lane unperm16[m]. */
 static const int32_t perm16[16] = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};
@@ -381,6 +391,7 @@ AVX512_INLINE void score16_body(const LbFmt *f, const int NQ, const int renorm, 
     for (int t = t0; t < t1; t += 4) {
         const int R = t1 - t < 4 ? t1 - t : 4;
         __m512 tot[4][4];
+        lb_prefetch(data, f->vec_bytes, t + LB_AHEAD, 4);
         for (int r = 0; r < 4; r++) {
             if (r < R) score16_pos(f, NQ, renorm, data + (size_t)(t + r) * (size_t)f->vec_bytes, cb, sh, qp, tot[r]);
             else
@@ -407,6 +418,7 @@ AVX512_INLINE void accum16_body(const LbFmt *f, const int NQ, const int G, const
         for (int ta = t0; ta < t1; ta += TILE) {
             const int tn = t1 - ta < TILE ? t1 - ta : TILE;
             const uint8_t *base = data + (size_t)ta * (size_t)vb + (size_t)b * (size_t)f->blk_bytes;
+            if (b == 0) lb_prefetch(data, vb, ta + LB_AHEAD, tn);
             for (int t = 0; t < tn; t++) {
                 const uint8_t *blk = base + (size_t)t * (size_t)vb;
                 float s = header_avx2(blk, f->hdr);

@@ -200,22 +200,23 @@ AVX2 static void accum_avx2(const KVStream *s, const float *p, int ldp, int nq, 
     }
 }
 
-/* Values j..j+15 of position t (half of a block): codes times the scale,
- * exactly the dequantized floats. */
-TILE512 __m512 widen16(const KVStream *s, int t, int j) {
+/* Block j / 32 of position t: codes times the scale, exactly the
+ * dequantized floats. */
+TILE512 void block512(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi) {
     const BlockQ8 *b = row(s, t) + j / QK;
-    __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->q + j % QK))));
-    return _mm512_mul_ps(c, _mm512_set1_ps(_cvtsh_ss(b->d)));
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
+    *lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->q))));
+    *hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->q + 16)))));
 }
 
 __attribute__((target("avx512f,avx512dq,f16c"))) static void score512(const KVStream *s, const float *q, int nq,
                                                                       int t0, int t1, float *out, int ldo) {
-    tile_score_all(s, widen16, row_bytes(s), q, nq, t0, t1, out, ldo);
+    tile_score_all(s, block512, row_bytes(s), q, nq, t0, t1, out, ldo);
 }
 
 __attribute__((target("avx512f,avx512dq,f16c"))) static void accum512(const KVStream *s, const float *p, int ldp,
                                                                       int nq, int t0, int t1, float *acc) {
-    tile_accum_all(s, widen16, row_bytes(s), p, ldp, nq, t0, t1, acc);
+    tile_accum_all(s, block512, row_bytes(s), p, ldp, nq, t0, t1, acc);
 }
 
 static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {

@@ -2,9 +2,10 @@
  * widen to floats 16 at a time (f16, q8), included by those schemes' files.
  *
  * Data flow: attn_group -> kv_score / kv_accum -> scheme -> these loops; the
- * scheme passes its widening function W(s, t, j), which returns values
- * j..j+15 of position t as dequantized floats (always inlined, so the
- * loops compile once per scheme with the widening in registers).
+ * scheme passes its widening function W(s, t, j, &lo, &hi), which returns
+ * values j..j+31 of position t as dequantized floats (always inlined, so
+ * the loops compile once per scheme with the widening in registers; 32 at
+ * a time so that q8 converts one block scale per call).
  *
  *   score:  out[i][t] = q_i . k_t      tiles of 4 positions x up to 4 heads:
  *           each widened key vector feeds every head, 16-lane partial
@@ -26,7 +27,8 @@
 
 #define TILE512 __attribute__((target("avx512f,avx512dq,f16c"), always_inline)) static inline
 
-typedef __m512 (*Widen16)(const KVStream *s, int t, int j);
+/* Values j..j+31 of position t as two vectors, lo = j..j+15, hi = the rest. */
+typedef void (*Widen32)(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi);
 
 /* Positions are rows of rb bytes from s->data. The loops prefetch the row
  * TILE_AHEAD positions ahead: the K and V streams alternate every chunk of
@@ -40,18 +42,25 @@ TILE512 void tile_prefetch(const KVStream *s, size_t rb, int t) {
 }
 
 /* R positions from t x NH heads: out[i * ldo + t - t0]. */
-TILE512 void tile_score(const KVStream *s, Widen16 w, const float *q, int t, int t0, const int R, const int NH,
+TILE512 void tile_score(const KVStream *s, Widen32 w, const float *q, int t, int t0, const int R, const int NH,
                         float *out, int ldo) {
     const int d = s->d;
     __m512 acc[4][4];
     for (int r = 0; r < R; r++)
         for (int i = 0; i < NH; i++) acc[r][i] = _mm512_setzero_ps();
-    for (int j = 0; j < d; j += 16) {
-        __m512 qv[4];
-        for (int i = 0; i < NH; i++) qv[i] = _mm512_loadu_ps(q + (size_t)i * d + j);
+    for (int j = 0; j < d; j += 32) {
+        __m512 ql[4], qh[4];
+        for (int i = 0; i < NH; i++) {
+            ql[i] = _mm512_loadu_ps(q + (size_t)i * d + j);
+            qh[i] = _mm512_loadu_ps(q + (size_t)i * d + j + 16);
+        }
         for (int r = 0; r < R; r++) {
-            __m512 k = w(s, t + r, j);
-            for (int i = 0; i < NH; i++) acc[r][i] = _mm512_fmadd_ps(k, qv[i], acc[r][i]);
+            __m512 lo, hi;
+            w(s, t + r, j, &lo, &hi);
+            for (int i = 0; i < NH; i++) {
+                acc[r][i] = _mm512_fmadd_ps(lo, ql[i], acc[r][i]);
+                acc[r][i] = _mm512_fmadd_ps(hi, qh[i], acc[r][i]);
+            }
         }
     }
     const __m512 z = _mm512_setzero_ps();
@@ -62,7 +71,7 @@ TILE512 void tile_score(const KVStream *s, Widen16 w, const float *q, int t, int
     }
 }
 
-TILE512 void tile_score_heads(const KVStream *s, Widen16 w, size_t rb, const float *q, const int NH, int t0, int t1,
+TILE512 void tile_score_heads(const KVStream *s, Widen32 w, size_t rb, const float *q, const int NH, int t0, int t1,
                               float *out, int ldo) {
     int t = t0;
     for (; t + 4 <= t1; t += 4) {
@@ -72,8 +81,8 @@ TILE512 void tile_score_heads(const KVStream *s, Widen16 w, size_t rb, const flo
     for (; t < t1; t++) tile_score(s, w, q, t, t0, 1, NH, out, ldo);
 }
 
-/* kv_score for d % 16 == 0: heads four at a time. */
-TILE512 void tile_score_all(const KVStream *s, Widen16 w, size_t rb, const float *q, int nq, int t0, int t1,
+/* kv_score for d % 32 == 0: heads four at a time. */
+TILE512 void tile_score_all(const KVStream *s, Widen32 w, size_t rb, const float *q, int nq, int t0, int t1,
                             float *out, int ldo) {
     for (int i0 = 0; i0 < nq; i0 += 4) {
         const float *qh = q + (size_t)i0 * s->d;
@@ -88,7 +97,7 @@ TILE512 void tile_score_all(const KVStream *s, Widen16 w, size_t rb, const float
 }
 
 /* NH heads' values j0..j0+127 held in registers over positions [t0, t1). */
-TILE512 void tile_accum(const KVStream *s, Widen16 w, size_t rb, const float *p, int ldp, const int NH, int j0, int t0,
+TILE512 void tile_accum(const KVStream *s, Widen32 w, size_t rb, const float *p, int ldp, const int NH, int j0, int t0,
                         int t1, float *acc) {
     const int d = s->d;
     __m512 a[2][8];
@@ -98,9 +107,13 @@ TILE512 void tile_accum(const KVStream *s, Widen16 w, size_t rb, const float *p,
         __m512 pv[2];
         if (j0 == 0) tile_prefetch(s, rb, t);
         for (int i = 0; i < NH; i++) pv[i] = _mm512_set1_ps(p[(size_t)i * ldp + (t - t0)]);
-        for (int v = 0; v < 8; v++) {
-            __m512 x = w(s, t, j0 + 16 * v);
-            for (int i = 0; i < NH; i++) a[i][v] = _mm512_fmadd_ps(pv[i], x, a[i][v]);
+        for (int v = 0; v < 8; v += 2) {
+            __m512 lo, hi;
+            w(s, t, j0 + 16 * v, &lo, &hi);
+            for (int i = 0; i < NH; i++) {
+                a[i][v] = _mm512_fmadd_ps(pv[i], lo, a[i][v]);
+                a[i][v + 1] = _mm512_fmadd_ps(pv[i], hi, a[i][v + 1]);
+            }
         }
     }
     for (int i = 0; i < NH; i++)
@@ -108,7 +121,7 @@ TILE512 void tile_accum(const KVStream *s, Widen16 w, size_t rb, const float *p,
 }
 
 /* kv_accum for d % 128 == 0: heads two at a time, 128 values at a time. */
-TILE512 void tile_accum_all(const KVStream *s, Widen16 w, size_t rb, const float *p, int ldp, int nq, int t0, int t1,
+TILE512 void tile_accum_all(const KVStream *s, Widen32 w, size_t rb, const float *p, int ldp, int nq, int t0, int t1,
                             float *acc) {
     for (int i0 = 0; i0 < nq; i0 += 2)
         for (int j0 = 0; j0 < s->d; j0 += 128) {
