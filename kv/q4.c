@@ -3,7 +3,8 @@
  *
  * Data flow: kv_stream_append quantizes one K or V vector into d/32 blocks;
  * attention scores and sums straight from the nibbles (q4_score, q4_accum),
- * never widening a cached vector into a float buffer.
+ * never widening a cached vector into a float buffer: AVX-512 tiles
+ * (kv/tile512.h) where the CPU has them, else AVX2 or plain C below.
  *
  *   block:  | fp16 d | uint8 qs[16] |        18 bytes per 32 values (4.5 bits)
  *   qs[j] = code[j] | code[j+16] << 4        (element j low nibble, j+16 high)
@@ -17,6 +18,7 @@
 #include "kernels/half.h"
 #include "kernels/matmul.h"
 #include "kv/kv.h"
+#include "kv/tile512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -221,13 +223,36 @@ AVX2 static void accum_avx2(const KVStream *s, const float *p, int ldp, int nq, 
     }
 }
 
+/* Block j / 32 of position t: (code - 8) times the scale, exactly the
+ * dequantized floats; low nibbles are elements 0-15, high ones 16-31. */
+TILE512 void block512(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi) {
+    const BlockQ4 *b = row(s, t) + j / QK;
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs)), eight = _mm512_set1_epi32(8);
+    const __m512i nib = _mm512_set1_epi32(15);
+    *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(c, nib), eight)), d);
+    *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(c, 4), eight)), d);
+}
+
+__attribute__((target("avx512f,avx512dq,f16c"))) static void score512(const KVStream *s, const float *q, int nq,
+                                                                      int t0, int t1, float *out, int ldo) {
+    tile_score_all(s, block512, row_bytes(s), q, nq, t0, t1, out, ldo);
+}
+
+__attribute__((target("avx512f,avx512dq,f16c"))) static void accum512(const KVStream *s, const float *p, int ldp,
+                                                                      int nq, int t0, int t1, float *acc) {
+    tile_accum_all(s, block512, row_bytes(s), p, ldp, nq, t0, t1, acc);
+}
+
 static void q4_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    if (kernels_level() > 0) score_avx2(s, q, nq, t0, t1, out, ldo);
+    if (kernels_level() >= 2) score512(s, q, nq, t0, t1, out, ldo);
+    else if (kernels_level() > 0) score_avx2(s, q, nq, t0, t1, out, ldo);
     else score_c(s, q, nq, t0, t1, out, ldo);
 }
 
 static void q4_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
-    if (kernels_level() > 0) accum_avx2(s, p, ldp, nq, t0, t1, acc);
+    if (kernels_level() >= 2 && s->d % 128 == 0) accum512(s, p, ldp, nq, t0, t1, acc);
+    else if (kernels_level() > 0) accum_avx2(s, p, ldp, nq, t0, t1, acc);
     else accum_c(s, p, ldp, nq, t0, t1, acc);
 }
 
