@@ -418,9 +418,9 @@ AVX512_INLINE void accum16_body(const LbFmt *f, const int NQ, const int G, const
         for (int ta = t0; ta < t1; ta += TILE) {
             const int tn = t1 - ta < TILE ? t1 - ta : TILE;
             const uint8_t *base = data + (size_t)ta * (size_t)vb + (size_t)b * (size_t)f->blk_bytes;
-            if (b == 0) lb_prefetch(data, vb, ta + LB_AHEAD, tn);
             for (int t = 0; t < tn; t++) {
                 const uint8_t *blk = base + (size_t)t * (size_t)vb;
+                if (b == 0) lb_prefetch(data, vb, ta + t + LB_AHEAD, 1);
                 float s = header_avx2(blk, f->hdr);
                 if (renorm) s /= sqrtf(code_norm2_512(cb, sh, blk + f->hdr, n / 16));
                 for (int i = 0; i < NQ; i++) w[i][t] = p[(size_t)i * ldp + (size_t)(ta - t0 + t)] * s;
