@@ -15,8 +15,10 @@
 #include <string.h>
 
 size_t attn_scratch_floats(int nq, int d) {
-    /* qd [nq,d] + acc [nq,d] + p [nq,CHUNK] + m [nq] + l [nq] */
-    return (size_t)nq * (2 * (size_t)d + ATTN_CHUNK + 2);
+    /* qd [nq,d] + acc [nq,d] + p [nq,CHUNK] + m [nq] + l [nq], rounded up to
+     * whole 64-byte lines so that threads' scratch laid end to end never
+     * share one */
+    return ((size_t)nq * (2 * (size_t)d + ATTN_CHUNK + 2) + 15) & ~(size_t)15;
 }
 
 void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out,
