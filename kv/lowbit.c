@@ -350,9 +350,10 @@ AVX512_INLINE float code_norm2_512(__m512 cb, __m512i sh, const uint8_t *qs, int
     return _mm512_reduce_add_ps(a);
 }
 
-/* Position t's scores for NQ heads as 16-lane partial sums tot[NQ]. */
+/* Position t's scores for NQ heads as 16-lane partial sums tot[NQ], each
+ * score being scale * the sum of its lanes. */
 AVX512_INLINE void score16_pos(const LbFmt *f, const int NQ, const int renorm, const uint8_t *blk, __m512 cb,
-                               __m512i sh, float (*qp)[KV_MAX_DIM], __m512 *tot) {
+                               __m512i sh, float (*qp)[KV_MAX_DIM], __m512 *tot, float *scale) {
     const int n = f->n;
     for (int i = 0; i < NQ; i++) tot[i] = _mm512_setzero_ps();
     for (int b = 0; b < f->nb; b++, blk += f->blk_bytes) {
@@ -372,9 +373,16 @@ AVX512_INLINE void score16_pos(const LbFmt *f, const int NQ, const int renorm, c
         }
         float sc = header_avx2(blk, f->hdr);
         if (renorm) sc /= sqrtf(_mm512_reduce_add_ps(_mm512_add_ps(n0, n1)));
+        if (f->nb == 1) {
+            /* one block: its scale is applied to the finished sums */
+            for (int i = 0; i < NQ; i++) tot[i] = _mm512_add_ps(a0[i], a1[i]);
+            *scale = sc;
+            return;
+        }
         const __m512 sv = _mm512_set1_ps(sc);
         for (int i = 0; i < NQ; i++) tot[i] = _mm512_fmadd_ps(sv, _mm512_add_ps(a0[i], a1[i]), tot[i]);
     }
+    *scale = 1.0f;
 }
 
 /* score_body for 4-bit codes, 16 values per step; positions four at a time
@@ -391,16 +399,18 @@ AVX512_INLINE void score16_body(const LbFmt *f, const int NQ, const int renorm, 
     for (int t = t0; t < t1; t += 4) {
         const int R = t1 - t < 4 ? t1 - t : 4;
         __m512 tot[4][4];
+        float sc[4];
         lb_prefetch(data, f->vec_bytes, t + LB_AHEAD, 4);
         for (int r = 0; r < 4; r++) {
-            if (r < R) score16_pos(f, NQ, renorm, data + (size_t)(t + r) * (size_t)f->vec_bytes, cb, sh, qp, tot[r]);
+            if (r < R)
+                score16_pos(f, NQ, renorm, data + (size_t)(t + r) * (size_t)f->vec_bytes, cb, sh, qp, tot[r], &sc[r]);
             else
                 for (int i = 0; i < NQ; i++) tot[r][i] = z;
         }
         for (int i = 0; i < NQ; i++) {
             float v[4];
             _mm_storeu_ps(v, hsum4_512(tot[0][i], tot[1][i], tot[2][i], tot[3][i]));
-            for (int r = 0; r < R; r++) out[(size_t)i * ldo + (t + r - t0)] = v[r];
+            for (int r = 0; r < R; r++) out[(size_t)i * ldo + (t + r - t0)] = v[r] * sc[r];
         }
     }
 }
