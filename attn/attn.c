@@ -38,8 +38,7 @@ void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, fl
         int t1 = t0 + ATTN_CHUNK < len ? t0 + ATTN_CHUNK : len, n = t1 - t0;
         kv_score(k, qd, nq, t0, t1, p, ATTN_CHUNK);
         for (int i = 0; i < nq; i++) {
-            float *pi = p + (size_t)i * ATTN_CHUNK, cm = m[i];
-            for (int t = 0; t < n; t++) cm = pi[t] > cm ? pi[t] : cm;
+            float *pi = p + (size_t)i * ATTN_CHUNK, cm = max_from(pi, n, m[i]);
             /* rescale what was accumulated under the old max */
             float corr = expf(m[i] - cm);
             if (corr != 1.0f) {

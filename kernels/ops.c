@@ -87,6 +87,24 @@ void swiglu(float *a, const float *b, int n) {
     else swiglu_ref(a, b, n);
 }
 
+float max_from_ref(const float *x, int n, float m) {
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* 16 running maxima, then the largest of them: the same value as the
+ * sequential loop (max is exact; NaNs are skipped by both). */
+AVX512 float max_from16(const float *x, int n, float m) {
+    __m512 acc = _mm512_set1_ps(m);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(_mm512_loadu_ps(x + i), acc);
+    return max_from_ref(x + i, n - i, _mm512_reduce_max_ps(acc));
+}
+
+float max_from(const float *x, int n, float m) {
+    return kernels_level() >= 2 ? max_from16(x, n, m) : max_from_ref(x, n, m);
+}
+
 float exp_sub_sum_ref(float *x, int n, float m) {
     float sum = 0;
     for (int i = 0; i < n; i++) sum += (x[i] = expf(x[i] - m));

@@ -21,6 +21,9 @@ void rope(float *x, const float *cs, const float *sn, int d);
 /* a[n] = silu(a) * b */
 void swiglu(float *a, const float *b, int n);
 void swiglu_ref(float *a, const float *b, int n);
+/* The largest of m and x[0..n) (attention's running maximum). */
+float max_from(const float *x, int n, float m);
+float max_from_ref(const float *x, int n, float m);
 /* x[i] = exp(x[i] - m) for i < n; returns their sum (softmax numerators). */
 float exp_sub_sum(float *x, int n, float m);
 float exp_sub_sum_ref(float *x, int n, float m);

@@ -131,7 +131,7 @@ Test(kernels, half_conversions_round_trip) {
 
 /* The AVX-512 exp within 2 ulp of libm's expf over its whole useful range
  * (results that are subnormal or zero in libm only need to be tiny), and
- * swiglu / exp_sub_sum against their libm references. */
+ * swiglu / exp_sub_sum / max_from against their plain references. */
 Test(kernels, exp_matches_libm) {
     if (kernels_set_isa("avx512")) return; /* the plain paths are libm itself */
     enum { N = 200000 };
@@ -155,6 +155,8 @@ Test(kernels, exp_matches_libm) {
         swiglu_ref(a2, b, n);
         for (int i = 0; i < n; i++)
             cr_expect(fabsf(a[i] - a2[i]) <= 1e-6f * (1 + fabsf(a2[i])), "swiglu n=%d i=%d: %g vs %g", n, i, a[i], a2[i]);
+        cr_expect(max_from(s1, n, -1.0f) == max_from_ref(s2, n, -1.0f), "max_from n=%d", n);
+        cr_expect(max_from(s1, n, 20.0f) == 20.0f, "max_from n=%d keeps a larger start", n);
         float e1 = exp_sub_sum(s1, n, 3.0f), e2 = exp_sub_sum_ref(s2, n, 3.0f);
         cr_expect(fabsf(e1 - e2) <= 1e-5f * e2, "exp_sub_sum n=%d: %g vs %g", n, e1, e2);
         for (int i = 0; i < n; i++)
