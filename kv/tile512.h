@@ -1,5 +1,6 @@
 /* tile512.h: AVX-512 attention loops for the KV schemes whose cached values
- * widen to floats 16 at a time (f16, q8), included by those schemes' files.
+ * widen to floats 32 at a time (f16, q8, q4), included by those schemes'
+ * files.
  *
  * Data flow: attn_group -> kv_score / kv_accum -> scheme -> these loops; the
  * scheme passes its widening function W(s, t, j, &lo, &hi), which returns
