@@ -9,10 +9,10 @@
 # 0.6B-shaped model from `make bench`: its MTP head drafts ~never get
 # accepted, so this measures what drafting and verifying cost). Each run is
 # greedy (-t 0) with the tbq4 KV cache, 128 generated tokens (fewer if the
-# model emits end-of-text), `-spec 0` being plain decoding; each setting runs
-# REPS times (default 3) and the best decode tok/s is reported, since a run
-# of 128 tokens on the small model lasts a tenth of a second and other load
-# on the machine shows in single runs. RUN_BIN picks the binary (default
+# model emits end-of-text), `-spec 0` being plain decoding; REPS rounds
+# (default 3) run every setting once each, and each setting's best decode
+# tok/s is reported, since a run of 128 tokens on the small model lasts a
+# tenth of a second and other load on the machine shows in single runs. RUN_BIN picks the binary (default
 # build/run), THREADS the thread count (default: all cores).
 set -eu
 RUN=${RUN_BIN:-build/run}
@@ -34,17 +34,22 @@ for dir in "$@"; do
     echo
     echo "| -spec | decoded tokens | decode tok/s | vs -spec 0 | draft acceptance |"
     echo "|---:|---:|---:|---:|---:|"
+    # rounds over all settings, so that a slow spell on the machine hits
+    # every -spec value rather than one; best_N / stats_N keep each one's best
+    for n in 0 1 2 3 4; do eval "best_$n=0 stats_$n="; done
+    for r in $(seq "$REPS"); do
+        for n in 0 1 2 3 4; do
+            stats=$("$RUN" "$dir" -i "$PROMPT" -n 128 -t 0 -kv tbq4 -T "$THREADS" -spec "$n" 2>&1 >/dev/null |
+                grep '^stats:') || continue
+            t=$(field decode_tps)
+            eval "b=\$best_$n"
+            if awk -v a="$t" -v b="$b" 'BEGIN { exit !(a > b) }'; then eval "best_$n=\$t stats_$n=\$stats"; fi
+        done
+    done
     base=
     for n in 0 1 2 3 4; do
-        best= tps=0
-        for r in $(seq "$REPS"); do
-            stats=$("$RUN" "$dir" -i "$PROMPT" -n 128 -t 0 -kv tbq4 -T "$THREADS" -spec "$n" 2>&1 >/dev/null |
-                grep '^stats:') || { best=failed; break; }
-            t=$(field decode_tps)
-            if awk -v a="$t" -v b="$tps" 'BEGIN { exit !(a > b) }'; then tps=$t best=$stats; fi
-        done
-        [ "$best" != failed ] || { echo "| $n | run failed | | | |"; continue; }
-        stats=$best
+        eval "tps=\$best_$n stats=\$stats_$n"
+        [ -n "$stats" ] || { echo "| $n | run failed | | | |"; continue; }
         base=${base:-$tps}
         acc=$(field spec_accept)
         echo "| $n | $(field decode_tokens) | $tps | $(awk -v a="$tps" -v b="$base" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else printf "-" }') | ${acc:--} |"
