@@ -52,15 +52,7 @@ TILE512 void widen32(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi) {
     *hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row(s, t) + j + 16)));
 }
 
-__attribute__((target("avx512f,avx512dq,f16c"))) static void score512(const KVStream *s, const float *q, int nq,
-                                                                      int t0, int t1, float *out, int ldo) {
-    tile_score_all(s, widen32, (size_t)s->d * 2, q, nq, t0, t1, out, ldo);
-}
-
-__attribute__((target("avx512f,avx512dq,f16c"))) static void accum512(const KVStream *s, const float *p, int ldp,
-                                                                      int nq, int t0, int t1, float *acc) {
-    tile_accum_all(s, widen32, (size_t)s->d * 2, p, ldp, nq, t0, t1, acc);
-}
+TILE512_KERNELS(widen32, (size_t)s->d * 2)
 
 /* AVX-512 tiles (kv/tile512.h) where the CPU and d allow; else one dot or
  * axpy per position and head (kernels/vec.c, AVX2 or plain C). */

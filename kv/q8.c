@@ -209,15 +209,7 @@ TILE512 void block512(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi) {
     *hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->q + 16)))));
 }
 
-__attribute__((target("avx512f,avx512dq,f16c"))) static void score512(const KVStream *s, const float *q, int nq,
-                                                                      int t0, int t1, float *out, int ldo) {
-    tile_score_all(s, block512, row_bytes(s), q, nq, t0, t1, out, ldo);
-}
-
-__attribute__((target("avx512f,avx512dq,f16c"))) static void accum512(const KVStream *s, const float *p, int ldp,
-                                                                      int nq, int t0, int t1, float *acc) {
-    tile_accum_all(s, block512, row_bytes(s), p, ldp, nq, t0, t1, acc);
-}
+TILE512_KERNELS(block512, row_bytes(s))
 
 static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (kernels_level() >= 2) score512(s, q, nq, t0, t1, out, ldo);

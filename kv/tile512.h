@@ -133,4 +133,16 @@ TILE512 void tile_accum_all(const KVStream *s, Widen32 w, size_t rb, const float
         }
 }
 
+/* The two entry points a scheme's file needs, score512 and accum512, over
+ * its widening function W and row size RB (an expression in s). */
+#define TILE512_KERNELS(W, RB)                                                                                      \
+    __attribute__((target("avx512f,avx512dq,f16c"))) static void score512(const KVStream *s, const float *q, int nq, \
+                                                                          int t0, int t1, float *out, int ldo) {    \
+        tile_score_all(s, W, RB, q, nq, t0, t1, out, ldo);                                                           \
+    }                                                                                                                \
+    __attribute__((target("avx512f,avx512dq,f16c"))) static void accum512(const KVStream *s, const float *p, int ldp, \
+                                                                          int nq, int t0, int t1, float *acc) {     \
+        tile_accum_all(s, W, RB, p, ldp, nq, t0, t1, acc);                                                           \
+    }
+
 #endif
