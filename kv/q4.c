@@ -17,6 +17,7 @@
  */
 #include "kernels/half.h"
 #include "kernels/matmul.h"
+#include "kv/block32_avx2.h"
 #include "kv/kv.h"
 #include "kv/tile512.h"
 
@@ -32,10 +33,6 @@ typedef struct {
     uint8_t qs[QK / 2]; /* two codes per byte */
 } BlockQ4;
 _Static_assert(sizeof(BlockQ4) == 18, "q4_0 block must be 18 bytes, as in ggml");
-
-/* Query heads sharing one pass over the cache: their 8 accumulators, 4
- * widened code vectors and a scale fit AVX2's 16 registers. */
-#define HEADS 8
 
 static double q4_bits(int d, const KVOpts *o) { (void)d; (void)o; return 4.5; }
 
@@ -139,13 +136,6 @@ static void accum_c(const KVStream *s, const float *p, int ldp, int nq, int t0, 
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-AVX2 static inline float hsum(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
 /* 16 packed bytes -> 4 x 8 floats of code - 8 (elements 0-7, 8-15, 16-23, 24-31):
  * low nibbles are elements 0-15, high nibbles 16-31. */
 AVX2 static inline void widen32(const uint8_t *qs, __m256 v[4]) {
@@ -159,69 +149,7 @@ AVX2 static inline void widen32(const uint8_t *qs, __m256 v[4]) {
     v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
 }
 
-/* Scores [t0, t1) for nh heads. Inlined with nh a constant (see score_avx2),
- * so the nh accumulators stay in registers: per position each block is
- * unpacked once and feeds every head, acc_i += d · (q_i[block] ⊙ (code - 8)),
- * then one horizontal sum per head. */
-AVX2 static inline __attribute__((always_inline)) void score_heads(const KVStream *s, const float *qh, int nh, int t0,
-                                                                    int t1, float *out, int ldo) {
-    const int nb = s->d / QK;
-    for (int t = t0; t < t1; t++) {
-        const BlockQ4 *b = row(s, t);
-        __m256 acc[HEADS];
-        for (int i = 0; i < nh; i++) acc[i] = _mm256_setzero_ps();
-        for (int k = 0; k < nb; k++) {
-            __m256 c[4], d = _mm256_set1_ps(_cvtsh_ss(b[k].d));
-            widen32(b[k].qs, c);
-            for (int i = 0; i < nh; i++) {
-                const float *qi = qh + (size_t)i * s->d + k * QK;
-                __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(qi), c[0]);
-                dot = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 8), c[1], dot);
-                dot = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 16), c[2], dot);
-                dot = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 24), c[3], dot);
-                acc[i] = _mm256_fmadd_ps(d, dot, acc[i]);
-            }
-        }
-        for (int i = 0; i < nh; i++) out[(size_t)i * ldo + (t - t0)] = hsum(acc[i]);
-    }
-}
-
-/* Heads in tiles of up to HEADS, each tile size a separate inlined copy. */
-AVX2 static void score_avx2(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    for (int h0 = 0; h0 < nq; h0 += HEADS) {
-        const float *qh = q + (size_t)h0 * s->d;
-        float *o = out + (size_t)h0 * ldo;
-        switch (nq - h0 < HEADS ? nq - h0 : HEADS) {
-        case 1: score_heads(s, qh, 1, t0, t1, o, ldo); break;
-        case 2: score_heads(s, qh, 2, t0, t1, o, ldo); break;
-        case 3: score_heads(s, qh, 3, t0, t1, o, ldo); break;
-        case 4: score_heads(s, qh, 4, t0, t1, o, ldo); break;
-        case 5: score_heads(s, qh, 5, t0, t1, o, ldo); break;
-        case 6: score_heads(s, qh, 6, t0, t1, o, ldo); break;
-        case 7: score_heads(s, qh, 7, t0, t1, o, ldo); break;
-        default: score_heads(s, qh, 8, t0, t1, o, ldo); break;
-        }
-    }
-}
-
-/* acc_i[block] += (p_i,t · d) · (code - 8), the block unpacked once for all heads. */
-AVX2 static void accum_avx2(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
-    const int nb = s->d / QK;
-    for (int t = t0; t < t1; t++) {
-        const BlockQ4 *b = row(s, t);
-        for (int k = 0; k < nb; k++) {
-            __m256 c[4];
-            float d = _cvtsh_ss(b[k].d);
-            widen32(b[k].qs, c);
-            for (int i = 0; i < nq; i++) {
-                __m256 w = _mm256_set1_ps(p[(size_t)i * ldp + (t - t0)] * d);
-                float *ai = acc + (size_t)i * s->d + k * QK;
-                for (int r = 0; r < 4; r++)
-                    _mm256_storeu_ps(ai + 8 * r, _mm256_fmadd_ps(w, c[r], _mm256_loadu_ps(ai + 8 * r)));
-            }
-        }
-    }
-}
+BLOCK32_AVX2_KERNELS(widen32, sizeof(BlockQ4))
 
 /* Block j / 32 of position t: (code - 8) times the scale, exactly the
  * dequantized floats; low nibbles are elements 0-15, high ones 16-31. */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "attn/attn.h"
+#include "kernels/matmul.h"
 #include "kv/kv.h"
 
 /* Per scheme: max relative L2 round-trip error on Gaussian vectors, max
@@ -101,7 +102,19 @@ Test(kv, round_trip_error) {
         }
 }
 
+static void fast_paths_check(void);
+
+/* Every scheme's score and accumulate against the reference read path, on
+ * each instruction set this CPU has (AVX2 and AVX-512 paths differ). */
 Test(kv, fast_paths_match_reference) {
+    const char *isas[] = {"avx2", "avx512"};
+    for (int k = 0; k < 2; k++) {
+        if (kernels_set_isa(isas[k])) continue;
+        fast_paths_check();
+    }
+}
+
+static void fast_paths_check(void) {
     for (int si = 0; si < kv_n_schemes; si++)
         for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
             const KVScheme *sc = kv_schemes[si];
@@ -119,14 +132,14 @@ Test(kv, fast_paths_match_reference) {
             for (int i = 0; i < nq; i++)
                 for (int t = 0; t < n - 5; t++)
                     cr_expect(fabsf(a[i * n + t] - b[i * n + t]) <= 1e-5f * (1 + fabsf(b[i * n + t])) * sqrtf((float)d),
-                              "%s d=%d score t=%d: %g vs %g", sc->name, d, t + 5, a[i * n + t], b[i * n + t]);
+                              "%s %s d=%d score t=%d: %g vs %g", kernels_isa(), sc->name, d, t + 5, a[i * n + t], b[i * n + t]);
             float accf[3 * KV_MAX_DIM] = {0}, accr[3 * KV_MAX_DIM] = {0};
             for (int i = 0; i < nq * n; i++) a[i] = (float)urand();
             kv_accum(&s, a, n, nq, 2, n - 1, accf);
             kv_accum_ref(&s, a, n, nq, 2, n - 1, accr);
             for (int j = 0; j < nq * d; j++)
                 cr_expect(fabsf(accf[j] - accr[j]) <= 1e-5f * (fabsf(accr[j]) + 1) * 10,
-                          "%s d=%d accum j=%d: %g vs %g", sc->name, d, j, accf[j], accr[j]);
+                          "%s %s d=%d accum j=%d: %g vs %g", kernels_isa(), sc->name, d, j, accf[j], accr[j]);
             kv_stream_free(&s);
             free(x);
             free(a);
