@@ -13,6 +13,9 @@
 #include "kernels/matmul.h"
 #include "kv/kv.h"
 
+#define TEST_SEED 88172645463325252ULL
+#include "tests/util.h"
+
 /* Per scheme: max relative L2 round-trip error on Gaussian vectors, max
  * relative error of attention output vs f32 attention, and bytes one stored
  * vector of d = 128 takes (amortised over cap positions). */
@@ -44,16 +47,6 @@ static const Expect *find_expect(const char *name) {
     return NULL;
 }
 
-/* Deterministic Gaussian numbers (xorshift + Box-Muller). */
-static unsigned long long rng_state = 88172645463325252ULL;
-static double urand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
-}
-static float grand(void) { return (float)(sqrt(-2 * log(urand())) * cos(6.283185307179586 * urand())); }
-static void fill(float *x, int n) { for (int i = 0; i < n; i++) x[i] = grand(); }
 
 static const int dims[] = {32, 64, 128, 256};
 

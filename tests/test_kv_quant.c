@@ -13,16 +13,9 @@
 #include "kernels/matmul.h"
 #include "kv/kv.h"
 
-/* Deterministic Gaussian numbers (xorshift + Box-Muller). */
-static unsigned long long rng_state = 0x9E3779B97F4A7C15ULL;
-static double urand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
-}
-static float grand(void) { return (float)(sqrt(-2 * log(urand())) * cos(6.283185307179586 * urand())); }
-static void fill(float *x, int n) { for (int i = 0; i < n; i++) x[i] = grand(); }
+#define TEST_SEED 0x9E3779B97F4A7C15ULL
+#include "tests/util.h"
+
 
 /* Opens a stream from a -kv spec string ("kivi2:g16:r64"), role 0 = K, 1 = V. */
 static void open_spec(KVStream *s, const char *spec, int d, int cap, int role) {

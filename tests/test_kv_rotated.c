@@ -15,16 +15,9 @@
 #include "kv/kv.h"
 #include "kv/lloydmax.h"
 
-/* Deterministic Gaussian numbers (xorshift + Box-Muller). */
-static unsigned long long rng_state = 0x2545F4914F6CDD1DULL;
-static double urand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
-}
-static float grand(void) { return (float)(sqrt(-2 * log(urand())) * cos(6.283185307179586 * urand())); }
-static void fill(float *x, int n) { for (int i = 0; i < n; i++) x[i] = grand(); }
+#define TEST_SEED 0x2545F4914F6CDD1DULL
+#include "tests/util.h"
+
 static void unit(float *x, int n) {
     double ss = 0;
     fill(x, n);

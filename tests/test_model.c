@@ -8,24 +8,7 @@
 #include <string.h>
 
 #include "model/model.h"
-
-static int read_tokens(const char *path, int *ids, int cap) {
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "cannot open %s", path);
-    int n = 0;
-    while (n < cap && fscanf(f, "%d", &ids[n]) == 1) n++;
-    fclose(f);
-    return n;
-}
-
-static float *read_f32(const char *path, size_t count) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    float *x = malloc(count * sizeof(float));
-    cr_assert_eq(fread(x, sizeof(float), count, f), count, "%s: short read", path);
-    fclose(f);
-    return x;
-}
+#include "tests/util.h"
 
 static void open_model(Model *m, KVCache *kv, const char *fixture, const char *scheme, int ctx) {
     char dir[256], err[512];

@@ -8,31 +8,10 @@
 #include <stdlib.h>
 
 #include "model/model.h"
+#include "tests/util.h"
 
 #define SHIPPED_DIR "models/qwen3-kjv-mtp"
 #define GOLDEN_DIR "tests/data/golden/qwen3-kjv-mtp"
-
-static int shipped_read_tokens(const char *path, int *ids, int cap) {
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "cannot open %s", path);
-    int n = 0;
-    while (n < cap && fscanf(f, "%d", &ids[n]) == 1) n++;
-    fclose(f);
-    return n;
-}
-
-/* Reads exactly count floats (little-endian f32, as written on x86). */
-static float *shipped_read_f32(const char *path, size_t count) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    float *x = malloc(count * sizeof(float));
-    cr_assert(x);
-    cr_assert_eq(fread(x, sizeof(float), count, f), count, "%s: short read", path);
-    char extra;
-    cr_assert_eq(fread(&extra, 1, 1, f), 0, "%s: longer than [n, V]", path);
-    fclose(f);
-    return x;
-}
 
 Test(shipped, loads_with_mtp_head) {
     Model m;
@@ -56,10 +35,10 @@ Test(shipped, golden_main_logits) {
     cr_assert_eq(model_load(&m, SHIPPED_DIR, err, sizeof err), 0, "%s", err);
     cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
     cr_assert_eq(model_kv_init(&m, &kv, &spec, 512, 0, err, sizeof err), 0, "%s", err);
-    int n = shipped_read_tokens(GOLDEN_DIR "/tokens.txt", ids, 1024);
+    int n = read_tokens(GOLDEN_DIR "/tokens.txt", ids, 1024);
     cr_assert(n >= 2 && n <= 512, "tokens.txt: %d tokens", n);
     const int V = m.cfg.vocab_size;
-    float *want = shipped_read_f32(GOLDEN_DIR "/logits.f32", (size_t)n * V);
+    float *want = read_f32(GOLDEN_DIR "/logits.f32", (size_t)n * V);
     float *got = malloc((size_t)n * V * sizeof(float));
     cr_assert(got);
     cr_assert_eq(model_forward(&m, &kv, ids, n, got, 1, NULL, err, sizeof err), 0, "%s", err);
@@ -90,9 +69,9 @@ Test(shipped, golden_mtp_logits) {
     cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
     cr_assert_eq(model_kv_init(&m, &kv, &spec, 512, 0, err, sizeof err), 0, "%s", err);
     cr_assert_eq(model_kv_init(&m, &mkv, &spec, 512, 1, err, sizeof err), 0, "%s", err);
-    int n = shipped_read_tokens(GOLDEN_DIR "/tokens.txt", ids, 1024);
+    int n = read_tokens(GOLDEN_DIR "/tokens.txt", ids, 1024);
     const int V = m.cfg.vocab_size, H = m.cfg.hidden;
-    float *want = shipped_read_f32(GOLDEN_DIR "/mtp_logits.f32", (size_t)(n - 1) * V);
+    float *want = read_f32(GOLDEN_DIR "/mtp_logits.f32", (size_t)(n - 1) * V);
     float *hidden = malloc((size_t)n * H * sizeof(float)), *got = malloc((size_t)(n - 1) * V * sizeof(float));
     cr_assert(hidden && got);
     cr_assert_eq(model_forward(&m, &kv, ids, n, NULL, 0, hidden, err, sizeof err), 0, "%s", err);

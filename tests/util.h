@@ -1,0 +1,52 @@
+/* util.h: helpers the test files share, included after <criterion/criterion.h>.
+ *
+ * Deterministic random numbers (xorshift64 + Box-Muller): a file that uses
+ * them defines TEST_SEED before including this, so that each file keeps
+ * its own stream (and the numbers its expectations were measured on).
+ * Files: token ids as whitespace-separated text, raw little-endian f32.
+ */
+#ifndef TESTS_UTIL_H
+#define TESTS_UTIL_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef TEST_SEED
+static unsigned long long rng_state = TEST_SEED;
+static inline double urand(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
+}
+static inline float grand(void) { return (float)(sqrt(-2 * log(urand())) * cos(6.283185307179586 * urand())); }
+static inline void fill(float *x, int n) {
+    for (int i = 0; i < n; i++) x[i] = grand();
+}
+#endif
+
+/* Up to cap token ids from a text file. */
+static inline int read_tokens(const char *path, int *ids, int cap) {
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "cannot open %s", path);
+    int n = 0;
+    while (n < cap && fscanf(f, "%d", &ids[n]) == 1) n++;
+    fclose(f);
+    return n;
+}
+
+/* Exactly count floats: a shorter or longer file fails the test. */
+static inline float *read_f32(const char *path, size_t count) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    float *x = malloc(count * sizeof(float));
+    cr_assert(x);
+    cr_assert_eq(fread(x, sizeof(float), count, f), count, "%s: short read", path);
+    char extra;
+    cr_assert_eq(fread(&extra, 1, 1, f), 0, "%s: longer than %zu floats", path, count);
+    fclose(f);
+    return x;
+}
+
+#endif
