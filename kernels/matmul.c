@@ -22,12 +22,15 @@
 #include <string.h>
 
 typedef enum { ISA_REF, ISA_AVX2, ISA_AVX512 } Isa;
+/* The chosen ISA, -1 until first use. Attention's threads read it too, so
+ * it is read and written atomically (two first uses just agree). */
 static int g_isa = -1;
 
 static Isa isa_detect(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
         return ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return ISA_AVX2;
@@ -35,15 +38,17 @@ static Isa isa_detect(void) {
 }
 
 static Isa isa(void) {
-    if (g_isa < 0) {
+    int v = __atomic_load_n(&g_isa, __ATOMIC_RELAXED);
+    if (v < 0) {
         Isa best = isa_detect();
         const char *env = getenv("RUN_ISA");
-        g_isa = (int)best;
-        if (env && strcmp(env, "ref") == 0) g_isa = ISA_REF;
-        else if (env && strcmp(env, "avx2") == 0 && best >= ISA_AVX2) g_isa = ISA_AVX2;
-        else if (env && strcmp(env, "avx512") == 0 && best >= ISA_AVX512) g_isa = ISA_AVX512;
+        v = (int)best;
+        if (env && strcmp(env, "ref") == 0) v = ISA_REF;
+        else if (env && strcmp(env, "avx2") == 0 && best >= ISA_AVX2) v = ISA_AVX2;
+        else if (env && strcmp(env, "avx512") == 0 && best >= ISA_AVX512) v = ISA_AVX512;
+        __atomic_store_n(&g_isa, v, __ATOMIC_RELAXED);
     }
-    return (Isa)g_isa;
+    return (Isa)v;
 }
 
 const char *kernels_isa(void) {
@@ -58,7 +63,7 @@ int kernels_set_isa(const char *name) {
                : strcmp(name, "avx2") == 0      ? ISA_AVX2
                                                 : ISA_REF;
     if (want > isa_detect() || (strcmp(name, "ref") && want == ISA_REF)) return -1;
-    g_isa = (int)want;
+    __atomic_store_n(&g_isa, (int)want, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -118,7 +123,7 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
  * 64-byte load is 16 lanes of |w[2l+1]|w[2l]| pairs, widened in two
  * instructions: lo = lane << 16 (the even columns), hi = lane & 0xFFFF0000
  * (the odd ones). x must then come in the same order, so bf16 matmuls first
- * split every 32-column block of x into |16 even|16 odd| (split_x);
+ * split every 32-column block of x into |16 even|16 odd| (split_rows);
  * f16 and f32 weights widen in column order and use x as it is.
  * The tail (cols % 32) is summed in plain C after the horizontal reduction. */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"), always_inline)) static inline
@@ -282,6 +287,12 @@ static void split_rows(float *xs, const float *x, int i0, int i1, int in) {
     }
 }
 
+int matmul_reserve(int n, int cols) {
+    if (!buf_get(&split_buf, (size_t)n * cols)) return -1;
+    if (n >= PACK_MIN && !buf_get(&pack_buf, (size_t)omp_get_max_threads() * 64 * cols)) return -1;
+    return 0;
+}
+
 /* All count projections in one thread team: x is split once, then threads
  * take chunks of 64 rows from the matrices laid end to end (static
  * schedule), so q, k and v (or gate and up) cost one fork and one join. */
@@ -379,9 +390,17 @@ __attribute__((target("avx2,fma,f16c"))) static void matmul256(float *y, const f
 }
 
 void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
-    if (isa() == ISA_AVX512 && count <= MATMUL_MAX_MULTI && matmul512(y, w, count, x, n) == 0) return;
-    /* the other paths (and an AVX-512 one short of memory for split x) run
-     * the projections one after another, each in its own thread team */
+    if (isa() == ISA_AVX512) {
+        int k = 0;
+        for (; k < count; k += MATMUL_MAX_MULTI) {
+            int c = count - k < MATMUL_MAX_MULTI ? count - k : MATMUL_MAX_MULTI;
+            if (matmul512(y + k, w + k, c, x, n)) break;
+        }
+        if (k >= count) return;
+        /* out of memory for split x (a caller that did not matmul_reserve):
+         * the AVX2 path below is correct, with other rounding */
+        y += k, w += k, count -= k;
+    }
     for (int k = 0; k < count; k++) {
         if (isa() >= ISA_AVX2) matmul256(y[k], x, w[k], n);
         else matmul_ref(y[k], x, w[k], n);

@@ -36,6 +36,11 @@ void matmul(float *y, const float *x, const Weight *w, int n);
  * what matmul(y[k], x, w[k], n) gives. */
 #define MATMUL_MAX_MULTI 4
 void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n);
+/* Grows the calling thread's working buffers for batches of up to n rows of
+ * up to cols columns (model_load does this for its batch), so that later
+ * calls never allocate: without them the AVX-512 path would fall back to
+ * AVX2, whose results differ in rounding. 0 ok, -1 out of memory. */
+int matmul_reserve(int n, int cols);
 /* Reads row r of w into out[cols] as f32 (embedding lookup). */
 void weight_row(const Weight *w, int r, float *out);
 

@@ -73,13 +73,14 @@ static inline __mmask16 sign_mask(int which, int v) {
 /* block_ref for n = 128. Stage h pairs lane j with lane j ^ h: lanes with
  * bit h clear get a + b, the others a - b, where a is the lower lane. */
 AVX512 void block128(const float *x, float *y, int pre, int post) {
-    const __m512 z = _mm512_setzero_ps(), inv = _mm512_set1_ps(1.0f / sqrtf(128.0f));
+    /* signs flip by xor with -0.0f, exactly what -1.0f * x does (zeros too) */
+    const __m512 neg = _mm512_set1_ps(-0.0f), inv = _mm512_set1_ps(1.0f / sqrtf(128.0f));
     /* lanes with bit h of their index set, for h = 1, 2, 4, 8 */
     const __mmask16 hi[4] = {0xAAAA, 0xCCCC, 0xF0F0, 0xFF00};
     __m512 v[8];
     for (int i = 0; i < 8; i++) {
         v[i] = _mm512_loadu_ps(x + 16 * i);
-        v[i] = _mm512_mask_sub_ps(v[i], sign_mask(pre, i), z, v[i]);
+        v[i] = _mm512_mask_xor_ps(v[i], sign_mask(pre, i), v[i], neg);
         for (int s = 0; s < 4; s++) {
             __m512 sw = s == 0   ? _mm512_permute_ps(v[i], 0xB1)
                         : s == 1 ? _mm512_permute_ps(v[i], 0x4E)
@@ -97,7 +98,7 @@ AVX512 void block128(const float *x, float *y, int pre, int post) {
                 v[j + h] = _mm512_sub_ps(a, b);
             }
     for (int i = 0; i < 8; i++) {
-        __m512 t = _mm512_mask_sub_ps(v[i], sign_mask(post, i), z, v[i]);
+        __m512 t = _mm512_mask_xor_ps(v[i], sign_mask(post, i), v[i], neg);
         _mm512_storeu_ps(y + 16 * i, _mm512_mul_ps(t, inv));
     }
 }

@@ -4,9 +4,10 @@
  *
  * Data flow: attn_group -> kv_score / kv_accum -> scheme -> these loops; the
  * scheme passes its widening function W(s, t, j, &lo, &hi), which returns
- * values j..j+31 of position t as dequantized floats (always inlined, so
- * the loops compile once per scheme with the widening in registers; 32 at
- * a time so that q8 converts one block scale per call).
+ * values j..j+31 of position t as dequantized floats (a constant pointer
+ * into always_inline loops, which GCC inlines at -O2 and up, so the loops
+ * compile once per scheme with the widening in registers; 32 at a time so
+ * that q8 converts one block scale per call).
  *
  *   score:  out[i][t] = q_i . k_t      tiles of 4 positions x up to 4 heads:
  *           each widened key vector feeds every head, 16-lane partial

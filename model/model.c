@@ -161,8 +161,13 @@ static int scratch_init(Model *m, char *err, size_t errlen) {
     s->rope_sn = floats64(cap * half);
     s->attn_scratch = floats64((size_t)s->threads * attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim));
     if (m->has_mtp) s->cat = floats64(cap * 2 * H);
+    /* the widest input any projection here takes: hidden, attention out,
+     * ffn, or the MTP head's concatenation */
+    size_t wide = H > qd ? H : qd;
+    wide = I > wide ? I : wide;
+    if (m->has_mtp) wide = 2 * H > wide ? 2 * H : wide;
     if ((m->has_mtp && !s->cat) || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->rope_cs || !s->rope_sn ||
-        !s->attn_scratch) {
+        !s->attn_scratch || matmul_reserve((int)cap, (int)wide)) {
         snprintf(err, errlen, "out of memory for activations");
         return -1;
     }
@@ -328,7 +333,7 @@ static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) 
     float *gu[] = {s->hb, s->hb2};
     const Weight *wgu[] = {&L->wg, &L->wu};
     matmul_multi(gu, wgu, 2, s->xb, n);
-    /* swiglu's expf makes it worth threads sooner than the other row loops */
+    /* swiglu's exp makes it worth threads sooner than the other row loops */
 #pragma omp parallel for schedule(static) if (n * c->ffn >= PAR_MIN / 8)
     for (int i = 0; i < n; i++) swiglu(s->hb + (size_t)i * c->ffn, s->hb2 + (size_t)i * c->ffn, c->ffn);
     matmul(s->xb, s->hb, &L->wd, n);

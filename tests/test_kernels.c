@@ -148,6 +148,14 @@ Test(kernels, exp_matches_libm) {
         memcpy(&a, &r, 4), memcpy(&b, &y[i], 4);
         cr_expect(abs(a - b) <= 2, "exp(%g): %g vs libm %g (%d ulp)", x[i], y[i], r, abs(a - b));
     }
+    /* the ends: NaN stays NaN, overflow is inf, underflow 0 */
+    float sp[16] = {NAN, INFINITY, -INFINITY, 88.8f, 100.0f, -200.0f, 0.0f, -0.0f, 1.0f}, ep[16];
+    exp16_array(ep, sp, 16);
+    cr_expect(isnan(ep[0]), "exp(NaN) = %g", ep[0]);
+    cr_expect(isinf(ep[1]) && isinf(ep[4]) && ep[1] > 0, "exp(inf) = %g, exp(100) = %g", ep[1], ep[4]);
+    cr_expect(ep[3] == expf(88.8f), "exp(88.8) = %g vs %g", ep[3], expf(88.8f));
+    cr_expect(ep[2] == 0 && ep[5] == 0, "exp(-inf) = %g, exp(-200) = %g", ep[2], ep[5]);
+    cr_expect(ep[6] == 1 && ep[7] == 1 && ep[8] == expf(1.0f), "exp(0) = %g, exp(1) = %g", ep[6], ep[8]);
     float a[300], a2[300], b[300], s1[300], s2[300];
     for (int n = 1; n < 300; n += 23) {
         for (int i = 0; i < n; i++) a[i] = a2[i] = 8 * frand(), b[i] = frand(), s1[i] = s2[i] = 10 * frand();
@@ -166,11 +174,11 @@ Test(kernels, exp_matches_libm) {
 }
 
 /* matmul_multi: one pass over several projections of the same x gives each
- * exactly what its own matmul gives, with mixed row counts and dtypes, for
- * a single token and for a batch that packs bf16 chunks. */
+ * exactly what its own matmul gives, with mixed row counts and dtypes and a
+ * column tail, for a single token and for a batch that packs bf16 chunks. */
 Test(kernels, matmul_multi_equals_separate_matmuls) {
-    const DType dts[3] = {DT_BF16, DT_F16, DT_BF16};
-    const int rows[3] = {70, 33, 130}, in = 96;
+    const DType dts[3] = {DT_BF16, DT_F16, DT_F32};
+    const int rows[3] = {70, 33, 130}, in = 100;
     for (size_t k = 0; k < 3; k++) {
         if (kernels_set_isa(isas[k])) continue;
         for (int n = 1; n <= 20; n += 19) {

@@ -16,7 +16,6 @@
 #define TEST_SEED 0x9E3779B97F4A7C15ULL
 #include "tests/util.h"
 
-
 /* Opens a stream from a -kv spec string ("kivi2:g16:r64"), role 0 = K, 1 = V. */
 static void open_spec(KVStream *s, const char *spec, int d, int cap, int role) {
     KVSpec sp;
