@@ -65,8 +65,8 @@ bench/qwen3-0.6b bench/qwen3-0.6b-mtp: | $(BUILD)/make_model
 	mv $@.tmp $@
 
 # Speed is measured here, never asserted in a test. About 5.5 min on 2 idle
-# cores (measured 5m21s: bench 3.5 min, bench_attn 15 s, bench_spec.sh 1.7 min;
-# making the two models the first time adds ~15 s); other load on the cores
+# cores (measured 5m35s with the models already made; making the two models
+# the first time adds ~15 s); other load on the cores
 # stretches it, 4x and more (multi-threaded decode suffers most).
 bench: $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/run bench/qwen3-0.6b bench/qwen3-0.6b-mtp
 	$(BUILD)/bench bench/qwen3-0.6b
