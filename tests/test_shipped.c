@@ -24,19 +24,28 @@ Test(shipped, loads_with_mtp_head) {
     model_free(&m);
 }
 
+/* The shipped model with f32 main (and, if mkv, MTP) caches of 512
+ * positions, and the golden passage's token ids [1024]; returns their count. */
+static int open_golden(Model *m, KVCache *kv, KVCache *mkv, int *ids) {
+    KVSpec spec;
+    char err[512];
+    cr_assert_eq(model_load(m, SHIPPED_DIR, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_kv_init(m, kv, &spec, 512, 0, err, sizeof err), 0, "%s", err);
+    if (mkv) cr_assert_eq(model_kv_init(m, mkv, &spec, 512, 1, err, sizeof err), 0, "%s", err);
+    int n = read_tokens(GOLDEN_DIR "/tokens.txt", ids, 1024);
+    cr_assert(n >= 2 && n <= 512, "tokens.txt: %d tokens", n);
+    return n;
+}
+
 /* The whole golden passage as one forward call, f32 KV: every position's
  * logits within 1e-4 of the float64 reference. */
 Test(shipped, golden_main_logits) {
     Model m;
     KVCache kv;
-    KVSpec spec;
     char err[512];
     int ids[1024];
-    cr_assert_eq(model_load(&m, SHIPPED_DIR, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(model_kv_init(&m, &kv, &spec, 512, 0, err, sizeof err), 0, "%s", err);
-    int n = read_tokens(GOLDEN_DIR "/tokens.txt", ids, 1024);
-    cr_assert(n >= 2 && n <= 512, "tokens.txt: %d tokens", n);
+    int n = open_golden(&m, &kv, NULL, ids);
     const int V = m.cfg.vocab_size;
     float *want = read_f32(GOLDEN_DIR "/logits.f32", (size_t)n * V);
     float *got = malloc((size_t)n * V * sizeof(float));
@@ -62,14 +71,9 @@ Test(shipped, golden_main_logits) {
 Test(shipped, golden_mtp_logits) {
     Model m;
     KVCache kv, mkv;
-    KVSpec spec;
     char err[512];
     int ids[1024];
-    cr_assert_eq(model_load(&m, SHIPPED_DIR, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(model_kv_init(&m, &kv, &spec, 512, 0, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(model_kv_init(&m, &mkv, &spec, 512, 1, err, sizeof err), 0, "%s", err);
-    int n = read_tokens(GOLDEN_DIR "/tokens.txt", ids, 1024);
+    int n = open_golden(&m, &kv, &mkv, ids);
     const int V = m.cfg.vocab_size, H = m.cfg.hidden;
     float *want = read_f32(GOLDEN_DIR "/mtp_logits.f32", (size_t)(n - 1) * V);
     float *hidden = malloc((size_t)n * H * sizeof(float)), *got = malloc((size_t)(n - 1) * V * sizeof(float));
