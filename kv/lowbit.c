@@ -393,32 +393,55 @@ AVX512_INLINE void score16_pos(const LbFmt *f, const int NQ, const int renorm, c
  * independent chains to overlap. Its summation order differs from
  * score16_pos's; which one a head gets depends only on the group size and
  * how lb_kv_score splits it, never on positions or batching. */
+/* Four positions' scores from registers: one hsum tree per head. */
+AVX512_INLINE void score16_store4(const int NQ, __m512 (*tot)[2], const float *sc, int R, float *out, int ldo) {
+    for (int i = 0; i < NQ; i++) {
+        float v[4];
+        _mm_storeu_ps(v, hsum4_512(tot[0][i], tot[1][i], tot[2][i], tot[3][i]));
+        for (int r = 0; r < R; r++) out[(size_t)i * ldo + r] = v[r] * sc[r];
+    }
+}
+
+/* One position's unscaled dots with NQ <= 2 register-resident queries. */
+AVX512_INLINE void score16_dot(const int NQ, const uint8_t *qs, __m512 (*qv)[8], __m512 cb, __m512i sh, __m512 *tot) {
+    for (int i = 0; i < NQ; i++) tot[i] = _mm512_setzero_ps();
+    for (int h = 0; h < 8; h++) {
+        const __m512 k = dec16(cb, sh, qs, h);
+        for (int i = 0; i < NQ; i++) tot[i] = _mm512_fmadd_ps(qv[i][h], k, tot[i]);
+    }
+}
+
 AVX512_INLINE void score16_one(const LbFmt *f, const int NQ, const uint8_t *data, float (*qp)[KV_MAX_DIM], int t0,
                                int t1, float *out, int ldo, __m512 cb, __m512i sh) {
-    const __m512 z = _mm512_setzero_ps();
-    __m512 qv[2][8];
+    const size_t vb = (size_t)f->vec_bytes;
+    __m512 qv[2][8], tot[4][2];
     for (int i = 0; i < NQ; i++)
         for (int h = 0; h < 8; h++) qv[i][h] = _mm512_loadu_ps(qp[i] + 16 * h);
-    for (int t = t0; t < t1; t += 4) {
-        const int R = t1 - t < 4 ? t1 - t : 4;
-        __m512 tot[4][2];
-        float sc[4] = {0, 0, 0, 0};
+    float sc[4] = {0, 0, 0, 0};
+    int t = t0;
+    /* whole steps of four: straight-line code, so the sums never leave
+     * registers */
+    for (; t + 4 <= t1; t += 4) {
         lb_prefetch(data, f->vec_bytes, t + LB_AHEAD, 4);
         for (int r = 0; r < 4; r++) {
-            for (int i = 0; i < NQ; i++) tot[r][i] = z;
-            if (r >= R) continue;
-            const uint8_t *blk = data + (size_t)(t + r) * (size_t)f->vec_bytes, *qs = blk + f->hdr;
-            for (int h = 0; h < 8; h++) {
-                const __m512 k = dec16(cb, sh, qs, h);
-                for (int i = 0; i < NQ; i++) tot[r][i] = _mm512_fmadd_ps(qv[i][h], k, tot[r][i]);
-            }
+            const uint8_t *blk = data + (size_t)(t + r) * vb;
+            score16_dot(NQ, blk + f->hdr, qv, cb, sh, tot[r]);
             sc[r] = header_avx2(blk, f->hdr);
         }
-        for (int i = 0; i < NQ; i++) {
-            float v[4];
-            _mm_storeu_ps(v, hsum4_512(tot[0][i], tot[1][i], tot[2][i], tot[3][i]));
-            for (int r = 0; r < R; r++) out[(size_t)i * ldo + (t + r - t0)] = v[r] * sc[r];
+        score16_store4(NQ, tot, sc, 4, out + (t - t0), ldo);
+    }
+    if (t < t1) {
+        const int R = t1 - t;
+        for (int r = 0; r < 4; r++) {
+            if (r < R) {
+                const uint8_t *blk = data + (size_t)(t + r) * vb;
+                score16_dot(NQ, blk + f->hdr, qv, cb, sh, tot[r]);
+                sc[r] = header_avx2(blk, f->hdr);
+            } else {
+                for (int i = 0; i < NQ; i++) tot[r][i] = _mm512_setzero_ps();
+            }
         }
+        score16_store4(NQ, tot, sc, R, out + (t - t0), ldo);
     }
 }
 
@@ -498,6 +521,34 @@ AVX512_INLINE void accum16_body(const LbFmt *f, const int NQ, const int G, const
         }
 }
 
+/* accum16_body's case for one 128-value block per position and up to two
+ * heads: all 16 partial sums stay in registers over the whole range (the
+ * tiled body keeps them in memory across its chunks), in the same order
+ * of additions, so the results are identical. */
+AVX512_INLINE void accum16_one(const LbFmt *f, const int NQ, const uint8_t *data, const float *p, int ldp, int t0,
+                               int t1, float *acc) {
+    const __m512 cb = _mm512_loadu_ps(f->cb);
+    const __m512i sh = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28), perm = _mm512_loadu_si512(perm16),
+                  unperm = _mm512_loadu_si512(unperm16);
+    const size_t vb = (size_t)f->vec_bytes;
+    __m512 a[2][8];
+    for (int i = 0; i < NQ; i++)
+        for (int h = 0; h < 8; h++) a[i][h] = _mm512_permutexvar_ps(perm, _mm512_loadu_ps(acc + 128 * i + 16 * h));
+    for (int t = t0; t < t1; t++) {
+        const uint8_t *blk = data + (size_t)t * vb, *qs = blk + f->hdr;
+        if (((t - t0) & 3) == 0) lb_prefetch(data, f->vec_bytes, t + LB_AHEAD, 4);
+        const float s = header_avx2(blk, f->hdr);
+        __m512 w[2];
+        for (int i = 0; i < NQ; i++) w[i] = _mm512_set1_ps(p[(size_t)i * ldp + (size_t)(t - t0)] * s);
+        for (int h = 0; h < 8; h++) {
+            const __m512 v = dec16(cb, sh, qs, h);
+            for (int i = 0; i < NQ; i++) a[i][h] = _mm512_fmadd_ps(w[i], v, a[i][h]);
+        }
+    }
+    for (int i = 0; i < NQ; i++)
+        for (int h = 0; h < 8; h++) _mm512_storeu_ps(acc + 128 * i + 16 * h, _mm512_permutexvar_ps(unperm, a[i][h]));
+}
+
 AVX512 static void score_avx512(const LbFmt *f, const uint8_t *data, int d, const float *q, int nq, int t0, int t1,
                                 float *out, int ldo) {
 #define SCORE(R, N) score16_body(f, N, R, data, d, q, t0, t1, out, ldo)
@@ -509,7 +560,12 @@ AVX512 static void score_avx512(const LbFmt *f, const uint8_t *data, int d, cons
 AVX512 static void accum_avx512(const LbFmt *f, const uint8_t *data, int d, const float *p, int ldp, int nq, int t0,
                                 int t1, float *acc) {
 #define ACCUM(R, N) accum16_body(f, N, (N) <= 2 && f->n >= 64 ? 4 : 2, R, data, d, p, ldp, t0, t1, acc)
-    if (f->renorm) BY_NQ(ACCUM, 1) else BY_NQ(ACCUM, 0);
+    if (f->nb == 1 && f->n == 128 && d == 128 && !f->renorm && nq <= 2) {
+        if (nq == 1)
+            accum16_one(f, 1, data, p, ldp, t0, t1, acc);
+        else
+            accum16_one(f, 2, data, p, ldp, t0, t1, acc);
+    } else if (f->renorm) BY_NQ(ACCUM, 1) else BY_NQ(ACCUM, 0);
 #undef ACCUM
 }
 

@@ -107,37 +107,42 @@ Test(kv, fast_paths_match_reference) {
     }
 }
 
+/* 1, 2 and 3 heads: groups of up to two take their own kernels. */
 static void fast_paths_check(void) {
     for (int si = 0; si < kv_n_schemes; si++)
-        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
-            const KVScheme *sc = kv_schemes[si];
-            int d = dims[di], n = 333, nq = 3;
-            KVStream s;
-            if (!open_stream(&s, sc, d, n)) continue;
-            float *x = malloc(sizeof(float) * n * d), q[3 * KV_MAX_DIM], qd[3 * KV_MAX_DIM];
-            fill(x, n * d);
-            fill(q, nq * d);
-            for (int t = 0; t < n; t++) kv_stream_append(&s, x + t * d);
-            for (int i = 0; i < nq; i++) kv_to_domain(&s, q + i * d, qd + i * d);
-            float *a = malloc(sizeof(float) * nq * n), *b = malloc(sizeof(float) * nq * n);
-            kv_score(&s, qd, nq, 5, n, a, n);
-            kv_score_ref(&s, qd, nq, 5, n, b, n);
-            for (int i = 0; i < nq; i++)
-                for (int t = 0; t < n - 5; t++)
-                    cr_expect(fabsf(a[i * n + t] - b[i * n + t]) <= 1e-5f * (1 + fabsf(b[i * n + t])) * sqrtf((float)d),
-                              "%s %s d=%d score t=%d: %g vs %g", kernels_isa(), sc->name, d, t + 5, a[i * n + t], b[i * n + t]);
-            float accf[3 * KV_MAX_DIM] = {0}, accr[3 * KV_MAX_DIM] = {0};
-            for (int i = 0; i < nq * n; i++) a[i] = (float)urand();
-            kv_accum(&s, a, n, nq, 2, n - 1, accf);
-            kv_accum_ref(&s, a, n, nq, 2, n - 1, accr);
-            for (int j = 0; j < nq * d; j++)
-                cr_expect(fabsf(accf[j] - accr[j]) <= 1e-5f * (fabsf(accr[j]) + 1) * 10,
-                          "%s %s d=%d accum j=%d: %g vs %g", kernels_isa(), sc->name, d, j, accf[j], accr[j]);
-            kv_stream_free(&s);
-            free(x);
-            free(a);
-            free(b);
-        }
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (int nq = 1; nq <= 3; nq++) {
+                const KVScheme *sc = kv_schemes[si];
+                int d = dims[di], n = 333;
+                KVStream s;
+                if (!open_stream(&s, sc, d, n)) continue;
+                float *x = malloc(sizeof(float) * n * d), q[3 * KV_MAX_DIM], qd[3 * KV_MAX_DIM];
+                fill(x, n * d);
+                fill(q, nq * d);
+                for (int t = 0; t < n; t++) kv_stream_append(&s, x + t * d);
+                for (int i = 0; i < nq; i++) kv_to_domain(&s, q + i * d, qd + i * d);
+                float *a = malloc(sizeof(float) * nq * n), *b = malloc(sizeof(float) * nq * n);
+                kv_score(&s, qd, nq, 5, n, a, n);
+                kv_score_ref(&s, qd, nq, 5, n, b, n);
+                for (int i = 0; i < nq; i++)
+                    for (int t = 0; t < n - 5; t++)
+                        cr_expect(fabsf(a[i * n + t] - b[i * n + t]) <=
+                                      1e-5f * (1 + fabsf(b[i * n + t])) * sqrtf((float)d),
+                                  "%s %s d=%d nq=%d score t=%d: %g vs %g", kernels_isa(), sc->name, d, nq, t + 5,
+                                  a[i * n + t], b[i * n + t]);
+                float accf[3 * KV_MAX_DIM] = {0}, accr[3 * KV_MAX_DIM] = {0};
+                for (int i = 0; i < nq * n; i++) a[i] = (float)urand();
+                kv_accum(&s, a, n, nq, 2, n - 1, accf);
+                kv_accum_ref(&s, a, n, nq, 2, n - 1, accr);
+                for (int j = 0; j < nq * d; j++)
+                    cr_expect(fabsf(accf[j] - accr[j]) <= 1e-5f * (fabsf(accr[j]) + 1) * 10,
+                              "%s %s d=%d nq=%d accum j=%d: %g vs %g", kernels_isa(), sc->name, d, nq, j, accf[j],
+                              accr[j]);
+                kv_stream_free(&s);
+                free(x);
+                free(a);
+                free(b);
+            }
 }
 
 Test(kv, attention_close_to_f32) {
