@@ -32,6 +32,7 @@
 typedef struct {
     const char *model, *prompt, *prompt_file, *mode, *system, *kv, *out;
     int n, top_k, ctx, threads, think, spec; /* spec: -1 = default */
+    int wq_q8, draft_q8;  /* -wq, -wq-draft: 1 = q8 */
     float temp, top_p, min_p;
     unsigned long long seed;
     int set_temp, set_top_p, set_top_k, set_min_p, set_seed, set_n, set_kv;
@@ -67,6 +68,10 @@ static void usage(FILE *f) {
             "  -think 0|1       chat: let the model think (default 1)\n"
             "  -spec N          speculative decoding with the model's MTP head, N drafts per step\n"
             "                   (default 3 when the model has one; 0 = off)\n"
+            "  -wq TYPE         matmul weights: stored (as in the checkpoint, default) | q8 (converted\n"
+            "                   at load to q8_0 blocks with f32 scales: half the bytes per token)\n"
+            "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; drafts only propose\n"
+            "                   tokens, so the output is the same either way\n"
             "  -o FILE          output file (logits: float32 [n_tokens, vocab]; compare: SVG plot)\n"
             "  -h               this help\n"
             "KV schemes (bits per value at head_dim 128):\n");
@@ -112,6 +117,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     a->n = 256;
     a->think = 1;
     a->spec = -1;
+    a->draft_q8 = 1;
     int i = 1;
     if (i < argc && argv[i][0] != '-') a->model = argv[i++];
     for (; i < argc; i++) {
@@ -143,6 +149,11 @@ static int parse_args(int argc, char **argv, Args *a) {
         } else if (strcmp(f, "-spec") == 0) {
             if (parse_int(v, 0, SPEC_MAX, &l)) return usage_error("-spec: expected a draft count in 0..%d, found '%s'", SPEC_MAX, v);
             a->spec = (int)l;
+        } else if (strcmp(f, "-wq") == 0 || strcmp(f, "-wq-draft") == 0) {
+            int q8 = strcmp(v, "q8") == 0;
+            if (!q8 && strcmp(v, "stored") != 0) return usage_error("%s: expected stored or q8, found '%s'", f, v);
+            if (f[3]) a->draft_q8 = q8;
+            else a->wq_q8 = q8;
         } else if (strcmp(f, "-think") == 0) {
             if (parse_int(v, 0, 1, &l)) return usage_error("-think: expected 0 or 1, found '%s'", v);
             a->think = (int)l;
@@ -504,6 +515,15 @@ int main(int argc, char **argv) {
         bad = 1;
     }
     if (!bad && model_load(&m, dir, err, sizeof err)) bad = 1;
+    if (!bad && a.wq_q8) {
+        double t0 = now();
+        if (model_quantize(&m, MODEL_MAIN, err, sizeof err)) {
+            model_free(&m);
+            bad = 1;
+        } else {
+            fprintf(stderr, "weights: q8, converted in %.2f s\n", now() - t0);
+        }
+    }
     if (!bad && config_load_generation(&m.cfg, &gd, dir, err, sizeof err)) {
         model_free(&m);
         bad = 1;
@@ -584,13 +604,15 @@ int main(int argc, char **argv) {
             rc = 1;
         } else if (n_draft > 0) {
             g.hidden = malloc((size_t)ctx * m.cfg.hidden * sizeof(float));
-            if (!g.hidden || model_kv_init(&m, &mkv, &spec, ctx, 1, err, sizeof err) ||
+            if (!g.hidden || (a.draft_q8 && model_quantize(&m, MODEL_DRAFT, err, sizeof err)) ||
+                model_kv_init(&m, &mkv, &spec, ctx, 1, err, sizeof err) ||
                 spec_init(&spec_state, &m, &kv, &mkv, &smp, n_draft, err, sizeof err)) {
                 fprintf(stderr, "error: %s\n", g.hidden ? err : "out of memory");
                 rc = 1;
             } else {
                 g.spec = &spec_state;
-                fprintf(stderr, "speculative decoding: %d MTP drafts per step\n", n_draft);
+                fprintf(stderr, "speculative decoding: %d MTP drafts per step, drafter weights %s\n", n_draft,
+                        a.draft_q8 ? "q8" : "as stored");
             }
         }
         if (rc == 0 && strcmp(a.mode, "chat") == 0) {

@@ -17,6 +17,7 @@
 #include "kernels/hsum.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,12 +68,45 @@ int kernels_set_isa(const char *name) {
     return 0;
 }
 
+/* Element idx of w as f32; a q8 element is its code times its block's
+ * scale (one rounding), exactly what the SIMD paths widen it to. */
 static inline float wval(const Weight *w, size_t idx) {
     switch (w->dtype) {
     case DT_F32: return ((const float *)w->data)[idx];
     case DT_F16: return f16_to_f32(((const uint16_t *)w->data)[idx]);
+    case DT_Q8: return (float)((const int8_t *)w->data)[idx] * w->scale[idx / 32];
     default: return bf16_to_f32(((const uint16_t *)w->data)[idx]);
     }
+}
+
+int weight_quantize_q8(const Weight *src, Weight *dst) {
+    const int rows = src->rows, cols = src->cols;
+    if (cols % 32 || rows <= 0) return -1;
+    const size_t n = (size_t)rows * cols, nb = n / 32;
+    /* one allocation: codes, then the scales on a 64-byte boundary */
+    const size_t codes = (n + 63) & ~(size_t)63;
+    int8_t *q = aligned_alloc(64, ((codes + nb * sizeof(float)) + 63) & ~(size_t)63);
+    if (!q) return -1;
+    float *d = (float *)(q + codes);
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nb; b++) {
+        float v[32], amax = 0;
+        for (int j = 0; j < 32; j++) {
+            v[j] = wval(src, b * 32 + j);
+            amax = fmaxf(amax, fabsf(v[j]));
+        }
+        /* ggml quantize_row_q8_0_ref: q = round(w / d) via the reciprocal */
+        const float s = amax / 127.0f, id = s > 0 ? 1.0f / s : 0.0f;
+        d[b] = s;
+        for (int j = 0; j < 32; j++) q[b * 32 + j] = (int8_t)roundf(v[j] * id);
+    }
+    *dst = (Weight){.data = q, .scale = d, .dtype = DT_Q8, .rows = rows, .cols = cols};
+    return 0;
+}
+
+void weight_free(Weight *w) {
+    if (w->dtype == DT_Q8) free((void *)w->data);
+    memset(w, 0, sizeof *w);
 }
 
 void weight_row(const Weight *w, int r, float *out) {
@@ -128,8 +162,13 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
  * The tail (cols % 32) is summed in plain C after the horizontal reduction. */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"), always_inline)) static inline
 
-AVX512 void ld32(const void *p, size_t idx, DType dt, __m512 *lo, __m512 *hi) {
-    if (dt == DT_F32) {
+AVX512 void ld32(const void *p, const float *sc, size_t idx, DType dt, __m512 *lo, __m512 *hi) {
+    if (dt == DT_Q8) {
+        const int8_t *q = (const int8_t *)p + idx;
+        const __m512 d = _mm512_set1_ps(sc[idx / 32]);
+        *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), d);
+        *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), d);
+    } else if (dt == DT_F32) {
         *lo = _mm512_loadu_ps((const float *)p + idx);
         *hi = _mm512_loadu_ps((const float *)p + idx + 16);
     } else if (dt == DT_F16) {
@@ -173,7 +212,7 @@ AVX512 void tile512(float *y, const float *xs, const float *x, const Weight *w, 
         }
         for (int r = 0; r < R; r++) {
             __m512 lo, hi;
-            ld32(wd, (size_t)(o - ob + r) * in + j, dt, &lo, &hi);
+            ld32(wd, w->scale, (size_t)(o - ob + r) * in + j, dt, &lo, &hi);
             for (int t = 0; t < T; t++) {
                 acc[r][t] = _mm512_fmadd_ps(lo, xl[t], acc[r][t]);
                 acc[r][t] = _mm512_fmadd_ps(hi, xh[t], acc[r][t]);
@@ -237,14 +276,14 @@ AVX512 void tokens512(float *y, const float *xs, const float *x, const Weight *w
 AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w, int o0, int o1, int n, DType dt,
                      float *pack) {
     const int in = w->cols, vec = in & ~31;
-    if (dt != DT_BF16 || n < PACK_MIN || !pack) {
+    if ((dt != DT_BF16 && dt != DT_Q8) || n < PACK_MIN || !pack) {
         tokens512(y, xs, x, w, w->data, 0, o0, o1, n, dt);
         return;
     }
     for (int o = o0; o < o1; o++)
         for (int j = 0; j < vec; j += 32) {
             __m512 lo, hi;
-            ld32(w->data, (size_t)o * in + j, DT_BF16, &lo, &hi);
+            ld32(w->data, w->scale, (size_t)o * in + j, dt, &lo, &hi);
             _mm512_storeu_ps(pack + (size_t)(o - o0) * in + j, lo);
             _mm512_storeu_ps(pack + (size_t)(o - o0) * in + j + 16, hi);
         }
@@ -309,7 +348,9 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
     if (split && !xs) return -1;
     /* no pack buffer (out of memory) only means tiles widen as they go */
     const int threads = omp_get_max_threads();
-    float *pack = split && n >= PACK_MIN ? buf_get(&pack_buf, (size_t)threads * 64 * in) : NULL;
+    int widen = split;
+    for (int k = 0; k < count; k++) widen |= w[k]->dtype == DT_Q8;
+    float *pack = widen && n >= PACK_MIN ? buf_get(&pack_buf, (size_t)threads * 64 * in) : NULL;
     /* a few rows are split before the team starts, saving it a barrier */
     const int split_alone = (size_t)n * in <= 16384;
     if (split && split_alone) split_rows(xs, x, 0, n, in);
@@ -329,6 +370,7 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
             switch (wk->dtype) {
             case DT_F32: chunk512(y[k], x, x, wk, o0, o1, n, DT_F32, NULL); break;
             case DT_F16: chunk512(y[k], x, x, wk, o0, o1, n, DT_F16, NULL); break;
+            case DT_Q8: chunk512(y[k], x, x, wk, o0, o1, n, DT_Q8, mine); break;
             default: chunk512(y[k], xs, x, wk, o0, o1, n, DT_BF16, mine); break;
             }
         }
@@ -339,8 +381,11 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
 /* ---- AVX2: 8 lanes, tiles of 4 rows x 2 tokens (16 ymm registers) ---- */
 #define AVX2 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
-AVX2 __m256 ld8(const void *p, size_t idx, DType dt) {
+AVX2 __m256 ld8(const void *p, const float *sc, size_t idx, DType dt) {
     if (dt == DT_F32) return _mm256_loadu_ps((const float *)p + idx);
+    if (dt == DT_Q8)
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)p + idx)))),
+                             _mm256_set1_ps(sc[idx / 32]));
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + idx));
     if (dt == DT_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -368,7 +413,7 @@ AVX2 void tile256(float *y, const float *x, const Weight *w, int o, int i, const
             for (size_t b = 0; b < R * 8 * es; b += 64) _mm_prefetch(next + (size_t)j * R * es + b, _MM_HINT_T1);
         for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + (size_t)(i + t) * in + j);
         for (int r = 0; r < R; r++) {
-            __m256 wv = ld8(w->data, (size_t)(o + r) * in + j, dt);
+            __m256 wv = ld8(w->data, w->scale, (size_t)(o + r) * in + j, dt);
             for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
     }
@@ -391,6 +436,7 @@ __attribute__((target("avx2,fma,f16c"))) static void matmul256(float *y, const f
     switch (w->dtype) {
     case DT_F32: matmul256_dt(y, x, w, n, DT_F32); break;
     case DT_F16: matmul256_dt(y, x, w, n, DT_F16); break;
+    case DT_Q8: matmul256_dt(y, x, w, n, DT_Q8); break;
     default: matmul256_dt(y, x, w, n, DT_BF16); break;
     }
 }

@@ -3,7 +3,8 @@
  * Data flow: model/ calls matmul for every projection (q, k, v, o, gate, up,
  * down, lm_head), for one token (decode) or a batch (prefill, verification).
  *
- *   x [n, in] f32 row-major      W [out, in] as stored (bf16 | f16 | f32)
+ *   x [n, in] f32 row-major      W [out, in] as stored (bf16 | f16 | f32),
+ *                                or q8 blocks made at load (-wq q8)
  *   y [n, out] f32:  y[i][o] = sum_j x[i][j] * W[o][j]
  *
  * Every y[i][o] is one dot product accumulated in the same order whatever n
@@ -18,16 +19,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { DT_F32, DT_F16, DT_BF16 } DType;
+/* DT_Q8: llama.cpp's q8_0 rule with f32 scales, made at load from a stored
+ * matrix (weight_quantize_q8), cols a multiple of 32:
+ *   data:  | int8 q[cols] | per row          w = q * scale
+ *   scale: | f32 d[cols / 32] | per row      d = max|w| / 127 per 32 columns */
+typedef enum { DT_F32, DT_F16, DT_BF16, DT_Q8 } DType;
 
-static inline size_t dtype_size(DType t) { return t == DT_F32 ? 4 : 2; }
+static inline size_t dtype_size(DType t) { return t == DT_F32 ? 4 : t == DT_Q8 ? 1 : 2; }
 
-/* A weight matrix [rows, cols] in place in memory. */
+/* A weight matrix [rows, cols] in place in memory (the mmap), or owned
+ * (DT_Q8, freed by weight_free). */
 typedef struct {
     const void *data;
+    const float *scale; /* DT_Q8 only: [rows, cols / 32] */
     DType dtype;
     int rows, cols;
 } Weight;
+
+/* dst = src quantized to DT_Q8 (8.0 + 1.0 bits per weight). 0 ok; -1 when
+ * cols is not a multiple of 32 or memory runs out, dst untouched. */
+int weight_quantize_q8(const Weight *src, Weight *dst);
+/* Frees what weight_quantize_q8 allocated; mapped weights are left alone. */
+void weight_free(Weight *w);
 
 void matmul_ref(float *y, const float *x, const Weight *w, int n);
 void matmul(float *y, const float *x, const Weight *w, int n);

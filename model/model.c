@@ -108,6 +108,8 @@ static void free_layer(Layer *L) {
     free(L->post_norm);
     free(L->q_norm);
     free(L->k_norm);
+    Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+    for (int i = 0; i < 7; i++) weight_free(w[i]);
 }
 
 /* RoPE frequencies theta^(-2i/d), rescaled for linear or YaRN scaling
@@ -230,6 +232,7 @@ int model_load(Model *m, const char *dir, char *err, size_t errlen) {
         if (load_layer(m, &m->layers[l], prefix, err, errlen)) goto fail;
     }
     if (c->mtp_layers > 0 && load_mtp(m, err, errlen)) goto fail;
+    m->mtp_head = m->lm_head;
     rope_init(m);
     if (scratch_init(m, err, errlen)) goto fail;
     return 0;
@@ -238,7 +241,55 @@ fail:
     return -1;
 }
 
+/* w in place of its q8 copy; the stored matrix stays mapped. A width that
+ * is not whole 32-column blocks (no Qwen3 shape has one) stays as stored. */
+static int quantize(Weight *w, const char *name, char *err, size_t errlen) {
+    Weight q;
+    if (w->dtype == DT_Q8 || w->cols % 32) return 0;
+    if (weight_quantize_q8(w, &q)) {
+        snprintf(err, errlen, "q8 weights: out of memory for a copy of %s [%d, %d]", name, w->rows, w->cols);
+        return -1;
+    }
+    *w = q;
+    return 0;
+}
+
+static int quantize_layer(Layer *L, const char *prefix, char *err, size_t errlen) {
+    static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+    for (int i = 0; i < 7; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s%s", prefix, names[i]);
+        if (quantize(w[i], name, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+int model_quantize(Model *m, int part, char *err, size_t errlen) {
+    if (part == MODEL_DRAFT) {
+        if (!m->has_mtp) return 0;
+        return quantize(&m->mtp_fc, "mtp.fc", err, errlen) ||
+                       quantize_layer(&m->mtp_layer, "mtp.layers.0.", err, errlen) ||
+                       quantize(&m->mtp_head, "lm_head (drafts)", err, errlen)
+                   ? -1
+                   : 0;
+    }
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "layers.%d.", l);
+        if (quantize_layer(&m->layers[l], prefix, err, errlen)) return -1;
+    }
+    /* drafts that shared lm_head share its copy */
+    const int shared = m->mtp_head.data == m->lm_head.data;
+    if (quantize(&m->lm_head, "lm_head", err, errlen)) return -1;
+    if (shared) m->mtp_head = m->lm_head;
+    return 0;
+}
+
 void model_free(Model *m) {
+    if (m->mtp_head.data != m->lm_head.data) weight_free(&m->mtp_head);
+    weight_free(&m->lm_head);
+    weight_free(&m->mtp_fc);
     if (m->layers)
         for (int l = 0; l < m->cfg.n_layers; l++) free_layer(&m->layers[l]);
     free(m->layers);
@@ -410,8 +461,8 @@ int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *to
         layer_forward(m, &m->mtp_layer, mkv, 0, nb);
         for (int i = 0; i < nb; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, m->mtp_norm, H, eps);
         if (hm) memcpy(hm + (size_t)off * H, s->xb, (size_t)nb * H * sizeof(float));
-        if (logits && all_logits) matmul(logits + (size_t)off * V, s->xb, &m->lm_head, nb);
-        else if (logits && off + nb == n) matmul(logits, s->xb + (size_t)(nb - 1) * H, &m->lm_head, 1);
+        if (logits && all_logits) matmul(logits + (size_t)off * V, s->xb, &m->mtp_head, nb);
+        else if (logits && off + nb == n) matmul(logits, s->xb + (size_t)(nb - 1) * H, &m->mtp_head, 1);
     }
     return 0;
 }

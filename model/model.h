@@ -59,6 +59,7 @@ typedef struct {
     Weight mtp_fc;         /* [H, 2H] */
     float *mtp_norm_emb, *mtp_norm_hid, *mtp_norm; /* [H] each */
     Layer mtp_layer;
+    Weight mtp_head;       /* [V, H] the lm_head drafts use: lm_head, or its q8 copy */
     Scratch s;
     /* Optional probe for -m kvstats: when set, each layer copies its roped
      * queries [n, nH*hd] to trace_q + layer * s.cap * nH*hd. */
@@ -67,6 +68,15 @@ typedef struct {
 
 /* Loads dir (config.json + safetensors). 0 ok, -1 with one line in err. */
 int model_load(Model *m, const char *dir, char *err, size_t errlen);
+/* Converts matmul weights to q8 blocks (DT_Q8, kernels/matmul.h) after
+ * model_load: MODEL_MAIN the decoder layers' projections and lm_head (a tied
+ * model keeps its embedding for lookups and gets a q8 lm_head beside it),
+ * MODEL_DRAFT the MTP module and mtp_head, so drafts read about half the
+ * bytes (verification keeps the output exact whatever drafts are made
+ * from). Matrices whose width is not a multiple of 32 stay as stored.
+ * 0 ok; -1 (out of memory) with one line in err naming the tensor. */
+enum { MODEL_MAIN, MODEL_DRAFT };
+int model_quantize(Model *m, int part, char *err, size_t errlen);
 void model_free(Model *m);
 
 /* Opens a KV cache shaped for this model (n_layers; 1 layer for MTP). */

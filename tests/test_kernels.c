@@ -21,9 +21,17 @@ static float frand(void) {
     return (float)((st >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
 }
 
-/* A [rows, cols] weight in dtype dt with values in [-1, 1]. */
+/* A [rows, cols] weight in dtype dt with values in [-1, 1]; q8 is made from
+ * f32 values by weight_quantize_q8 (cols a multiple of 32). */
 static Weight make_weight(DType dt, int rows, int cols, void **mem) {
     size_t n = (size_t)rows * cols;
+    if (dt == DT_Q8) {
+        Weight f = make_weight(DT_F32, rows, cols, mem), q;
+        cr_assert_eq(weight_quantize_q8(&f, &q), 0);
+        free(*mem);
+        *mem = (void *)q.data;
+        return q;
+    }
     *mem = malloc(n * dtype_size(dt));
     for (size_t i = 0; i < n; i++) {
         float v = frand();
@@ -35,15 +43,16 @@ static Weight make_weight(DType dt, int rows, int cols, void **mem) {
             ((uint16_t *)*mem)[i] = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
         }
     }
-    return (Weight){*mem, dt, rows, cols};
+    return (Weight){.data = *mem, .dtype = dt, .rows = rows, .cols = cols};
 }
 
 Test(kernels, matmul_matches_reference_on_every_isa) {
-    const DType dts[] = {DT_F32, DT_F16, DT_BF16};
-    const int shapes[][3] = {{1, 37, 64}, {5, 70, 96}, {9, 64, 200}, {130, 33, 256}};
-    for (size_t si = 0; si < 4; si++)
-        for (int di = 0; di < 3; di++) {
+    const DType dts[] = {DT_F32, DT_F16, DT_BF16, DT_Q8};
+    const int shapes[][3] = {{1, 37, 64}, {5, 70, 96}, {9, 64, 200}, {130, 33, 256}, {20, 9, 2112}};
+    for (size_t si = 0; si < 5; si++)
+        for (int di = 0; di < 4; di++) {
             int n = shapes[si][0], out = shapes[si][1], in = shapes[si][2];
+            if (dts[di] == DT_Q8 && in % 32) continue;
             void *mem;
             Weight w = make_weight(dts[di], out, in, &mem);
             float *x = malloc(sizeof(float) * n * in), *ref = malloc(sizeof(float) * n * out),
@@ -68,13 +77,14 @@ Test(kernels, matmul_matches_reference_on_every_isa) {
  * from 16 tokens on); each row is compared with itself alone and inside
  * batches of 2 and 3 (the remainder tiles, widening as they go). */
 Test(kernels, matmul_rows_do_not_depend_on_batch) {
-    const DType dts[] = {DT_F32, DT_F16, DT_BF16};
-    const int n = 19, shapes[][2] = {{45, 128}, {70, 100}, {9, 2100}};
+    const DType dts[] = {DT_F32, DT_F16, DT_BF16, DT_Q8};
+    const int n = 19, shapes[][2] = {{45, 128}, {70, 100}, {9, 2100}, {9, 2112}};
     for (size_t k = 0; k < 3; k++) {
         if (kernels_set_isa(isas[k])) continue;
-        for (int si = 0; si < 3; si++)
-            for (int di = 0; di < 3; di++) {
+        for (int si = 0; si < 4; si++)
+            for (int di = 0; di < 4; di++) {
                 const int out = shapes[si][0], in = shapes[si][1];
+                if (dts[di] == DT_Q8 && in % 32) continue;
                 void *mem;
                 Weight w = make_weight(dts[di], out, in, &mem);
                 float *x = malloc(sizeof(float) * n * in), *all = malloc(sizeof(float) * n * out),
@@ -177,11 +187,13 @@ Test(kernels, exp_matches_libm) {
  * exactly what its own matmul gives, with mixed row counts and dtypes and a
  * column tail, for a single token and for a batch that packs bf16 chunks. */
 Test(kernels, matmul_multi_equals_separate_matmuls) {
-    const DType dts[3] = {DT_BF16, DT_F16, DT_F32};
-    const int rows[3] = {70, 33, 130}, in = 100;
+    const int rows[3] = {70, 33, 130};
     for (size_t k = 0; k < 3; k++) {
         if (kernels_set_isa(isas[k])) continue;
-        for (int n = 1; n <= 20; n += 19) {
+        /* with a column tail, then q8 in the mix (whole 32-column blocks) */
+        for (int c = 0; c < 4; c++) {
+            const int n = c % 2 ? 20 : 1, in = c < 2 ? 100 : 128;
+            const DType dts[3] = {DT_BF16, in % 32 ? DT_F16 : DT_Q8, DT_F32};
             void *mem[3];
             Weight w[3];
             const Weight *wp[3];
@@ -196,11 +208,44 @@ Test(kernels, matmul_multi_equals_separate_matmuls) {
             }
             matmul_multi(y, wp, 3, x, n);
             for (int m = 0; m < 3; m++) {
-                cr_expect(memcmp(y[m], ref[m], sizeof(float) * n * rows[m]) == 0, "%s n=%d: projection %d differs",
-                          isas[k], n, m);
+                cr_expect(memcmp(y[m], ref[m], sizeof(float) * n * rows[m]) == 0, "%s n=%d in=%d: projection %d differs",
+                          isas[k], n, in, m);
                 free(y[m]), free(ref[m]), free(mem[m]);
             }
             free(x);
         }
     }
+}
+
+/* ggml's q8_0 rule: each 32-column block's largest magnitude becomes +-127,
+ * every value is within half a step of its code times the scale, and widths
+ * that are not whole blocks are refused. */
+Test(kernels, q8_weights_follow_the_q8_0_rule) {
+    void *mem;
+    Weight f = make_weight(DT_F32, 3, 96, &mem), q;
+    ((float *)mem)[5] = 0; /* a block may hold zeros */
+    for (int j = 64; j < 96; j++) ((float *)mem)[j] = 0; /* and be all zero */
+    cr_assert_eq(weight_quantize_q8(&f, &q), 0);
+    const float *w = mem;
+    const int8_t *c = q.data;
+    for (int b = 0; b < 9; b++) {
+        float amax = 0;
+        int cmax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(w[b * 32 + j]));
+        cr_expect_eq(q.scale[b], amax / 127.0f, "block %d scale", b);
+        for (int j = 0; j < 32; j++) {
+            int i = b * 32 + j;
+            cr_expect(fabsf(w[i] - c[i] * q.scale[b]) <= 0.5f * q.scale[b] * 1.0001f, "value %d: %g vs %d x %g", i,
+                      w[i], c[i], q.scale[b]);
+            cmax = abs(c[i]) > cmax ? abs(c[i]) : cmax;
+        }
+        cr_expect_eq(cmax, amax > 0 ? 127 : 0, "block %d: largest code %d", b, cmax);
+    }
+    weight_free(&q);
+    cr_expect_eq(q.data, NULL);
+    Weight odd = f, dst = {0};
+    odd.cols = 48, odd.rows = 2;
+    cr_expect_eq(weight_quantize_q8(&odd, &dst), -1, "48 columns are not whole blocks");
+    cr_expect_eq(dst.data, NULL);
+    free(mem);
 }

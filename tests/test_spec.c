@@ -24,23 +24,29 @@ static char *run_out(const char *args) {
     return b;
 }
 
-static void check_exact(const char *model, const char *kv, int n) {
+/* extra: more flags for every run (weight types) */
+static void check_exact(const char *model, const char *kv, const char *extra, int n) {
     char args[512];
-    snprintf(args, sizeof args, "%s -i 'In the beginning God' -n %d -t 0 -kv %s -spec 0", model, n, kv);
+    snprintf(args, sizeof args, "%s -i 'In the beginning God' -n %d -t 0 -kv %s %s -spec 0", model, n, kv, extra);
     char *want = run_out(args);
     for (int s = 1; s <= 4; s++) {
-        snprintf(args, sizeof args, "%s -i 'In the beginning God' -n %d -t 0 -kv %s -spec %d", model, n, kv, s);
+        snprintf(args, sizeof args, "%s -i 'In the beginning God' -n %d -t 0 -kv %s %s -spec %d", model, n, kv, extra,
+                 s);
         char *got = run_out(args);
-        cr_expect_str_eq(got, want, "%s -kv %s -spec %d differs from -spec 0", model, kv, s);
+        cr_expect_str_eq(got, want, "%s -kv %s %s -spec %d differs from -spec 0", model, kv, extra, s);
         free(got);
     }
     free(want);
 }
 
+/* Drafts from q8 copies of the MTP weights (the default), from the stored
+ * ones, and with the main model itself in q8. */
 Test(spec, greedy_exact_small_fixture) {
     const char *schemes[] = {"f32", "f16", "q8", "tbq4", "kivi2:g32:r32", "kivi4:g16:r64"};
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
-        check_exact("tests/data/fixtures/small", schemes[i], 256);
+        check_exact("tests/data/fixtures/small", schemes[i], "", 256);
+    check_exact("tests/data/fixtures/small", "f16", "-wq-draft stored", 256);
+    check_exact("tests/data/fixtures/small", "tbq4", "-wq q8", 256);
 }
 
 /* Draft d ~ q, then the rule: the emitted token must follow p exactly.

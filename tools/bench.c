@@ -16,17 +16,19 @@
  *      (q.k and p.v, 2 FLOPs per multiply-add; lm_head runs for the last
  *      token only and is not counted), and that as a share of the FMA peak;
  *   3. decode at short context: a 16-token prompt, then 128 single-token
- *      forwards (f16 KV), each feeding back the argmax, best of 2 runs;
+ *      forwards (f16 KV), each feeding back the argmax, best of 3 runs;
  *   4. decode at long context: the cache of every layer and kv head filled
  *      directly with kv_stream_append (random vectors with the magnitudes of
  *      this model's k and v: the work does not depend on the values) to 8K
  *      and 32K positions, per scheme, then 1 untimed + 32 timed decode steps
  *      (16 above 8K positions); the cache is truncated back between thread
  *      counts. "fill s" is the time the appends took (most threads): what
- *      storing that many positions costs in each scheme.
+ *      storing that many positions costs in each scheme;
+ *   5. section 3 again after converting the matmul weights to q8 blocks
+ *      (model_quantize, what -wq q8 does), beside the stored-weights speed.
  * Decode rows give the roofline ratio: bytes read per token x tok/s divided
  * by the measured bandwidth at that thread count, where bytes per token =
- * every matmul weight incl. lm_head in its stored dtype (a tied model reads
+ * every matmul weight incl. lm_head in its dtype (a tied model reads
  * its embedding matrix once per token as lm_head) + the KV cache, the
  * scheme's bytes per vector x mean positions x layers x kv heads x 2 (K, V).
  * 1.0 means decode streams memory as fast as a plain read loop does.
@@ -52,6 +54,7 @@
 #define PREFILL 512
 #define PROMPT 16
 #define DECODE 128
+#define DECODE_REPS 3
 #define POOL 4096 /* random k/v vectors cycled through when filling caches */
 
 static double now(void) {
@@ -190,7 +193,10 @@ static double peak(int kind, int t) {
 
 /* ---- model helpers ---- */
 
-static double weight_bytes(const Weight *w) { return (double)w->rows * w->cols * dtype_size(w->dtype); }
+/* q8 adds one f32 scale per 32 weights */
+static double weight_bytes(const Weight *w) {
+    return (double)w->rows * w->cols * (dtype_size(w->dtype) + (w->dtype == DT_Q8 ? 4.0 / 32 : 0));
+}
 
 /* Matmul weight bytes of the decoder layers (params when bytes = 0). */
 static double layers_size(const Model *m, int bytes) {
@@ -219,6 +225,24 @@ static double kv_bytes_per_position(const Model *m, const KVSpec *sp) {
 static void forward(Model *m, KVCache *kv, const int *tok, int n, float *logits) {
     char err[512];
     if (model_forward(m, kv, tok, n, logits, 0, NULL, err, sizeof err)) fail("model_forward", err);
+}
+
+/* Best tok/s of DECODE_REPS runs: a PROMPT-token prompt, then DECODE
+ * single-token forwards, each feeding back the argmax. */
+static double decode_tps(Model *m, KVCache *kv, const int *tok, float *logits) {
+    double tps = 0;
+    for (int rep = 0; rep < DECODE_REPS; rep++) {
+        kv_cache_truncate(kv, 0);
+        forward(m, kv, tok, PROMPT, logits);
+        double t0 = now();
+        for (int s = 0; s < DECODE; s++) {
+            int x = argmax(logits, m->cfg.vocab_size);
+            forward(m, kv, &x, 1, logits);
+        }
+        double r = DECODE / (now() - t0);
+        tps = r > tps ? r : tps;
+    }
+    return tps;
 }
 
 static void kv_open(Model *m, KVCache *kv, const char *scheme, int ctx, KVSpec *sp) {
@@ -391,27 +415,18 @@ int main(int argc, char **argv) {
     /* 3. decode at short context */
     const double kvpos_f16 = kv_bytes_per_position(m, &sp);
     const double short_bytes = wbytes + kvpos_f16 * (PROMPT + (DECODE + 1) / 2.0);
-    printf("\n## Decode, %d tokens after a %d-token prompt, f16 KV (best of 2)\n\n"
+    printf("\n## Decode, %d tokens after a %d-token prompt, f16 KV (best of %d)\n\n"
            "bytes per token = %.3f GB weights + f16 KV at the mean %.0f positions = %.3f GB\n\n"
            "| threads | tok/s | ms/token | roofline |\n|---:|---:|---:|---:|\n",
-           DECODE, PROMPT, wbytes / 1e9, PROMPT + (DECODE + 1) / 2.0, short_bytes / 1e9);
+           DECODE, PROMPT, DECODE_REPS, wbytes / 1e9, PROMPT + (DECODE + 1) / 2.0, short_bytes / 1e9);
+    double stored_tps[MAX_LIST];
     for (int i = 0; i < nt; i++) {
         omp_set_num_threads(threads[i]);
-        double tps = 0;
-        for (int rep = 0; rep < 2; rep++) {
-            kv_cache_truncate(&kv, 0);
-            forward(&models[i], &kv, tok, PROMPT, logits);
-            double t0 = now();
-            for (int s = 0; s < DECODE; s++) {
-                int x = argmax(logits, c->vocab_size);
-                forward(&models[i], &kv, &x, 1, logits);
-            }
-            double r = DECODE / (now() - t0);
-            tps = r > tps ? r : tps;
-        }
+        double tps = stored_tps[i] = decode_tps(&models[i], &kv, tok, logits);
         printf("| %d | %.2f | %.1f | %.2f |\n", threads[i], tps, 1e3 / tps, short_bytes * tps / 1e9 / bw[i]);
         fflush(stdout);
     }
+
     kv_cache_free(&kv);
 
     /* 4. decode at long context, per KV scheme */
@@ -458,6 +473,27 @@ int main(int argc, char **argv) {
             kv_cache_free(&kv);
         }
     }
+    /* 5. short-context decode again with the matmul weights converted to
+     * q8 (-wq q8); last, since it changes the loaded models */
+    kv_open(m, &kv, "f16", PREFILL, &sp);
+    for (int i = 0; i < nt; i++) {
+        char err[512];
+        double t0 = now();
+        omp_set_num_threads(threads[i]);
+        if (model_quantize(&models[i], MODEL_MAIN, err, sizeof err)) fail("-wq q8", err);
+        const double qbytes = layers_size(&models[i], 1) + weight_bytes(&models[i].lm_head) +
+                              kvpos_f16 * (PROMPT + (DECODE + 1) / 2.0);
+        if (i == 0)
+            printf("\n## Decode with q8 weights (-wq q8, converted at load in %.1f s), as in the short-context table\n\n"
+                   "bytes per token = %.3f GB (8 bits + an f32 scale per 32 weights, and the KV)\n\n"
+                   "| threads | tok/s | ms/token | vs stored weights | roofline |\n|---:|---:|---:|---:|---:|\n",
+                   now() - t0, qbytes / 1e9);
+        double tps = decode_tps(&models[i], &kv, tok, logits);
+        printf("| %d | %.2f | %.1f | %.2fx | %.2f |\n", threads[i], tps, 1e3 / tps, tps / stored_tps[i],
+               qbytes * tps / 1e9 / bw[i]);
+        fflush(stdout);
+    }
+    kv_cache_free(&kv);
     printf("\n");
     print_load("at end");
     free(kpool), free(vpool), free(logits);
