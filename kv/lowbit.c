@@ -324,7 +324,12 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
  * this the 4-bit kernels waited on memory at long context. */
 #define LB_AHEAD 32
 
-static inline void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
+/* always_inline like the kernels it serves: as a plain static inline, GCC
+ * 12 emitted none of its prefetches (objdump showed no prefetcht0 in this
+ * file); with them tbq4 attention over 224 streams of 32K positions went
+ * from 22.1 to 18.0 ns per position and kv head. */
+
+AVX512_INLINE void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
     const char *p = (const char *)data + (size_t)t * (size_t)vb;
     for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
 }
