@@ -389,14 +389,6 @@ AVX512_INLINE void score16_pos(const LbFmt *f, const int NQ, const int renorm, c
     *scale = 1.0f;
 }
 
-/* score16_body's case for one 128-value block per position (d = 128) and
- * up to two heads (the GQA groups of Qwen3-0.6B, 1.7B and the shipped
- * model): the queries stay in 16 registers instead of being reloaded for
- * every FMA (load ports were the limit), each position's dot is one chain
- * of 8 FMAs per head, and the four positions of a step give the core
- * independent chains to overlap. Its summation order differs from
- * score16_pos's; which one a head gets depends only on the group size and
- * how lb_kv_score splits it, never on positions or batching. */
 /* Four positions' scores from registers: one hsum tree per head. */
 AVX512_INLINE void score16_store4(const int NQ, __m512 (*tot)[2], const float *sc, int R, float *out, int ldo) {
     for (int i = 0; i < NQ; i++) {
@@ -415,6 +407,14 @@ AVX512_INLINE void score16_dot(const int NQ, const uint8_t *qs, __m512 (*qv)[8],
     }
 }
 
+/* score16_body's case for one 128-value block per position (d = 128) and
+ * up to two heads (the GQA groups of Qwen3-0.6B, 1.7B and the shipped
+ * model): the queries stay in 16 registers instead of being reloaded for
+ * every FMA (load ports were the limit), each position's dot is one chain
+ * of 8 FMAs per head, and the four positions of a step give the core
+ * independent chains to overlap. Its summation order differs from
+ * score16_pos's; which one a head gets depends only on the group size and
+ * how lb_kv_score splits it, never on positions or batching. */
 AVX512_INLINE void score16_one(const LbFmt *f, const int NQ, const uint8_t *data, float (*qp)[KV_MAX_DIM], int t0,
                                int t1, float *out, int ldo, __m512 cb, __m512i sh) {
     const size_t vb = (size_t)f->vec_bytes;
