@@ -152,7 +152,7 @@ static int parse_args(int argc, char **argv, Args *a) {
         } else if (strcmp(f, "-wq") == 0 || strcmp(f, "-wq-draft") == 0) {
             int q8 = strcmp(v, "q8") == 0;
             if (!q8 && strcmp(v, "stored") != 0) return usage_error("%s: expected stored or q8, found '%s'", f, v);
-            if (f[3]) a->draft_q8 = q8;
+            if (strcmp(f, "-wq-draft") == 0) a->draft_q8 = q8;
             else a->wq_q8 = q8;
         } else if (strcmp(f, "-think") == 0) {
             if (parse_int(v, 0, 1, &l)) return usage_error("-think: expected 0 or 1, found '%s'", v);
