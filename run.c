@@ -69,9 +69,9 @@ static void usage(FILE *f) {
             "  -spec N          speculative decoding with the model's MTP head, N drafts per step\n"
             "                   (default 3 when the model has one; 0 = off)\n"
             "  -wq TYPE         matmul weights: stored (as in the checkpoint, default) | q8 (converted\n"
-            "                   at load to q8_0 blocks with f32 scales: half the bytes per token)\n"
-            "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; drafts only propose\n"
-            "                   tokens, so the output is the same either way\n"
+            "                   at load to q8_0 blocks with f32 scales: 9/16 of bf16's bytes)\n"
+            "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the\n"
+            "                   same either way, sampled output keeps the main model's distribution\n"
             "  -o FILE          output file (logits: float32 [n_tokens, vocab]; compare: SVG plot)\n"
             "  -h               this help\n"
             "KV schemes (bits per value at head_dim 128):\n");
@@ -612,7 +612,7 @@ int main(int argc, char **argv) {
             } else {
                 g.spec = &spec_state;
                 fprintf(stderr, "speculative decoding: %d MTP drafts per step, drafter weights %s\n", n_draft,
-                        a.draft_q8 ? "q8" : "as stored");
+                        a.draft_q8 ? "q8" : a.wq_q8 ? "as stored, output matrix q8 (-wq)" : "as stored");
             }
         }
         if (rc == 0 && strcmp(a.mode, "chat") == 0) {

@@ -266,6 +266,10 @@ static int quantize_layer(Layer *L, const char *prefix, char *err, size_t errlen
 }
 
 int model_quantize(Model *m, int part, char *err, size_t errlen) {
+    if (part != MODEL_MAIN && part != MODEL_DRAFT) {
+        snprintf(err, errlen, "model_quantize: expected MODEL_MAIN or MODEL_DRAFT, found %d", part);
+        return -1;
+    }
     if (part == MODEL_DRAFT) {
         if (!m->has_mtp) return 0;
         return quantize(&m->mtp_fc, "mtp.fc", err, errlen) ||
