@@ -8,7 +8,8 @@
  * scalar tail. Tiles only change which dots run side by side, never the
  * order inside one, which is what makes batching invisible.
  * Weights are widened to f32 in registers (bf16: shift left 16 or mask the
- * high half, exact; f16: vcvtph2ps); activations stay f32 throughout.
+ * high half, exact; f16: vcvtph2ps; q8: code times its block's scale);
+ * activations stay f32 throughout.
  * AVX-512 BF16's vdpbf16ps is not used: it would need bf16 activations
  * (or two bf16 halves of each) and it measured half the FMA rate here.
  */
@@ -158,7 +159,7 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
  * instructions: lo = lane << 16 (the even columns), hi = lane & 0xFFFF0000
  * (the odd ones). x must then come in the same order, so bf16 matmuls first
  * split every 32-column block of x into |16 even|16 odd| (split_rows);
- * f16 and f32 weights widen in column order and use x as it is.
+ * f16, f32 and q8 weights widen in column order and use x as it is.
  * The tail (cols % 32) is summed in plain C after the horizontal reduction. */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"), always_inline)) static inline
 
