@@ -69,7 +69,8 @@ static void usage(FILE *f) {
             "  -spec N          speculative decoding with the model's MTP head, N drafts per step\n"
             "                   (default 3 when the model has one; 0 = off)\n"
             "  -wq TYPE         matmul weights: stored (as in the checkpoint, default) | q8 (converted\n"
-            "                   at load to q8_0 blocks with f32 scales: 9/16 of bf16's bytes)\n"
+            "                   at load to q8_0 blocks with f32 scales: 9/16 of bf16's bytes);\n"
+            "                   compare: the schemes run on q8, the f32 reference on the stored ones\n"
             "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the\n"
             "                   same either way, sampled output keeps the main model's distribution\n"
             "  -o FILE          output file (logits: float32 [n_tokens, vocab]; compare: SVG plot)\n"
@@ -218,10 +219,12 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 /* -m compare's list: f32 (the reference) first, then the given specs, or
- * every registered scheme. */
-static int parse_compare_list(const char *list, KVSpec *specs, int *n, char *err, size_t errlen) {
+ * every registered scheme. With other weights (-wq) the reference keeps the
+ * stored ones and f32 comes again as the first scheme: the weights' cost alone. */
+static int parse_compare_list(const char *list, int other_weights, KVSpec *specs, int *n, char *err, size_t errlen) {
     kv_spec_parse("f32", &specs[0], err, errlen);
     *n = 1;
+    if (other_weights) specs[(*n)++] = specs[0];
     if (!list) {
         for (int i = 0; i < kv_n_schemes; i++)
             if (strcmp(kv_schemes[i]->name, "f32") != 0 && kv_spec_parse(kv_schemes[i]->name, &specs[(*n)++], err, errlen))
@@ -466,7 +469,7 @@ int main(int argc, char **argv) {
     const char *dir = a.model ? a.model : default_model(model_buf, sizeof model_buf);
     KVSpec spec, specs[64];
     int n_specs = 0, is_compare = strcmp(a.mode, "compare") == 0;
-    if (is_compare && parse_compare_list(a.set_kv ? a.kv : NULL, specs, &n_specs, err, sizeof err))
+    if (is_compare && parse_compare_list(a.set_kv ? a.kv : NULL, a.wq_q8, specs, &n_specs, err, sizeof err))
         return usage_error("%s", err);
     if (!is_compare && kv_spec_parse(a.kv, &spec, err, sizeof err)) return usage_error("%s", err);
     if (is_compare) spec = specs[0];
@@ -564,14 +567,25 @@ int main(int argc, char **argv) {
     }
     if (rc == 0 && is_compare) {
         CompareRow rows[64];
-        if (compare_run(&m, specs, n_specs, ids, n_ids, ctx, n_gen, rows, err, sizeof err) ||
-            (a.out && compare_svg(a.out, rows, n_specs, dir, err, sizeof err))) {
+        /* the reference keeps the stored weights: a second load of the same
+         * files (the mmap shares their pages) when m was converted */
+        Model ref;
+        int two = a.wq_q8;
+        if (two && model_load(&ref, dir, err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);
             rc = 1;
-        } else {
+            two = 0;
+        }
+        if (rc == 0 && (compare_run(two ? &ref : &m, &m, "q8", specs, n_specs, ids, n_ids, ctx, n_gen, rows, err,
+                                    sizeof err) ||
+                        (a.out && compare_svg(a.out, rows, n_specs, dir, err, sizeof err)))) {
+            fprintf(stderr, "error: %s\n", err);
+            rc = 1;
+        } else if (rc == 0) {
             compare_print(stdout, rows, n_specs, dir, n_ids < ctx - n_gen ? n_ids : ctx - n_gen);
             if (a.out) fprintf(stderr, "wrote %s\n", a.out);
         }
+        if (two) model_free(&ref);
     } else if (rc == 0 && is_kvstats) {
         if (kvstats_run(&m, &spec, ids, n_ids, stdout, err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);

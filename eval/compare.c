@@ -38,8 +38,8 @@ static int argmax(const float *x, int V) {
     return b;
 }
 
-int compare_run(Model *m, const KVSpec *specs, int n, const int *ids, int n_ids, int ctx, int n_gen,
-                CompareRow *rows, char *err, size_t errlen) {
+int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs, int n, const int *ids, int n_ids,
+                int ctx, int n_gen, CompareRow *rows, char *err, size_t errlen) {
     const int V = m->cfg.vocab_size, d = m->cfg.head_dim;
     int L = n_ids < ctx - n_gen ? n_ids : ctx - n_gen;
     if (L < 2) {
@@ -63,7 +63,8 @@ int compare_run(Model *m, const KVSpec *specs, int n, const int *ids, int n_ids,
     for (int off = 0; off < L; off += CMP_BATCH) {
         int nb = L - off < CMP_BATCH ? L - off : CMP_BATCH;
         for (int i = 0; i < n; i++)
-            if (model_forward(m, &kv[i], ids + off, nb, lg + (size_t)i * CMP_BATCH * V, 1, NULL, err, errlen)) goto done;
+            if (model_forward(i ? m : ref, &kv[i], ids + off, nb, lg + (size_t)i * CMP_BATCH * V, 1, NULL, err, errlen))
+                goto done;
         for (int t = 0; t < nb; t++) {
             log_softmax(lg + (size_t)t * V, V, lref);
             int top_ref = argmax(lg + (size_t)t * V, V), next = off + t + 1 < L ? ids[off + t + 1] : -1;
@@ -88,13 +89,14 @@ int compare_run(Model *m, const KVSpec *specs, int n, const int *ids, int n_ids,
             else if (!diverged && tok == ref_gen[g]) agree++;
             else diverged = 1;
             float *out = lg + (size_t)i * CMP_BATCH * V;
-            if (model_forward(m, &kv[i], &tok, 1, out, 0, NULL, err, errlen)) goto done;
+            if (model_forward(i ? m : ref, &kv[i], &tok, 1, out, 0, NULL, err, errlen)) goto done;
             tok = argmax(out, V);
         }
         double dt = now() - t0;
         CompareRow *r = &rows[i];
         memset(r, 0, sizeof *r);
         kv_spec_name(&specs[i], r->name, sizeof r->name);
+        r->weights = i && m != ref ? m_weights : "stored";
         /* bits from what the streams really hold at this context (KIVI's
          * float window weighs more in a short one) */
         KVStream *ks = kv_k(&kv[i], 0, 0), *vs = kv_v(&kv[i], 0, 0);
@@ -122,12 +124,13 @@ done:
 }
 
 void compare_print(FILE *f, const CompareRow *r, int n, const char *model, int n_ids) {
-    fprintf(f, "model %s, %d text tokens; KL, top-1 and greedy against f32\n", model, n_ids);
-    fprintf(f, "| scheme | K bits | V bits | KV bytes/token | vs f16 | ppl | dppl %% | KL | top-1 | greedy | decode tok/s |\n");
-    fprintf(f, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    fprintf(f, "model %s, %d text tokens; KL, top-1 and greedy against f32 on the stored weights\n", model, n_ids);
+    fprintf(f, "| scheme | weights | K bits | V bits | KV bytes/token | vs f16 | ppl | dppl %% | KL | top-1 | greedy "
+               "| decode tok/s |\n");
+    fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < n; i++)
-        fprintf(f, "| %s | %.3g | %.3g | %.0f | %.2fx | %.4f | %+.2f | %.5f | %.1f%% | %.1f%% | %.1f |\n", r[i].name,
-                r[i].k_bits, r[i].v_bits, r[i].bytes_per_token, r[i].ratio_f16, r[i].ppl, r[i].dppl_pct, r[i].kl,
+        fprintf(f, "| %s | %s | %.3g | %.3g | %.0f | %.2fx | %.4f | %+.2f | %.5f | %.1f%% | %.1f%% | %.1f |\n", r[i].name,
+                r[i].weights, r[i].k_bits, r[i].v_bits, r[i].bytes_per_token, r[i].ratio_f16, r[i].ppl, r[i].dppl_pct, r[i].kl,
                 100 * r[i].top1, 100 * r[i].greedy, r[i].decode_tps);
 }
 
@@ -179,7 +182,8 @@ int compare_svg(const char *path, const CompareRow *r, int n, const char *title,
     for (int i = 0; i < n; i++) {
         double b = (r[i].k_bits + r[i].v_bits) / 2, k = r[i].kl > pow(10, ly0) ? r[i].kl : pow(10, ly0);
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#c33\"/>\n", PX(b), PY(k));
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", PX(b) + 6, PY(k) - 6 - 12 * (i % 2), r[i].name);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s%s%s</text>\n", PX(b) + 6, PY(k) - 6 - 12 * (i % 2), r[i].name,
+                strcmp(r[i].weights, "stored") ? ", weights " : "", strcmp(r[i].weights, "stored") ? r[i].weights : "");
     }
 #undef PX
 #undef PY

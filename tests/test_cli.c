@@ -151,6 +151,49 @@ Test(cli, q8_weights_stay_close_to_stored) {
     free(err);
 }
 
+/* Cell k (0 = the scheme's name) of the table row that starts with prefix,
+ * as a number; NAN when the row is missing. */
+static double cell(const char *out, const char *prefix, int k) {
+    const char *r = strstr(out, prefix);
+    if (!r) return NAN;
+    for (int bars = 0; bars <= k; r++)
+        if (*r == '|') bars++;
+        else if (*r == '\n' || !*r) return NAN;
+    return strtod(r, NULL);
+}
+
+/* -m compare: rows name their weights; with -wq q8 the f32 reference keeps
+ * the stored weights and f32 on q8 weights shows the weights' cost alone. */
+Test(cli, compare_rows_name_their_weights) {
+    const char *args = "tests/data/fixtures/small -m compare -f tests/data/golden/small/sentence/prompt.txt -n 4 -kv f16,tbq4";
+    char cmd[512], *out, *err, *out_q8;
+    cr_assert_eq(run(args, &out, &err), 0, "%s", err);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s -wq q8", args);
+    cr_assert_eq(run(cmd, &out_q8, &err), 0, "%s", err);
+    free(err);
+    /* columns: scheme, weights, K bits, V bits, bytes, vs f16, ppl, dppl, KL, top-1 */
+    cr_expect_eq(cell(out, "| f32 | stored |", 8), 0);
+    cr_expect_eq(cell(out, "| f32 | stored |", 9), 100);
+    cr_expect(cell(out, "| f16 | stored |", 8) < 1e-4, "%s", out);
+    cr_expect(cell(out, "| tbq4 | stored |", 8) > cell(out, "| f16 | stored |", 8), "%s", out);
+    cr_expect(strstr(out, "| q8 |") == NULL, "%s", out);
+    const char *rows[] = {"| f32 | stored |", "| f32 | q8 |", "| f16 | q8 |", "| tbq4 | q8 |"};
+    const char *prev = out_q8;
+    for (int i = 0; i < 4; i++) {
+        const char *r = strstr(out_q8, rows[i]);
+        cr_expect(r && r > prev, "row %s missing or out of order:\n%s", rows[i], out_q8);
+        prev = r ? r : prev;
+    }
+    /* the same reference either way; q8 weights move the logits a little
+     * (measured KL 0.00016 nats, ppl -0.08%) */
+    cr_expect_eq(cell(out_q8, "| f32 | stored |", 6), cell(out, "| f32 | stored |", 6));
+    double kl = cell(out_q8, "| f32 | q8 |", 8);
+    cr_expect(kl > 0 && kl < 0.01, "KL of q8 weights %g", kl);
+    free(out);
+    free(out_q8);
+}
+
 Test(cli, ppl_last_line) {
     char *out, *err;
     cr_assert_eq(run("tests/data/fixtures/tiny -m ppl -kv f32 -c 100 -f tests/data/golden/tiny/paragraph/prompt.txt",
