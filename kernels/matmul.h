@@ -37,7 +37,8 @@ typedef struct {
 } Weight;
 
 /* dst = src quantized to DT_Q8 (8.0 + 1.0 bits per weight). 0 ok; -1 when
- * cols is not a multiple of 32 or memory runs out, dst untouched. */
+ * cols is not a multiple of 32, rows is not positive or memory runs out,
+ * dst untouched. */
 int weight_quantize_q8(const Weight *src, Weight *dst);
 /* Frees what weight_quantize_q8 allocated; mapped weights are left alone. */
 void weight_free(Weight *w);
