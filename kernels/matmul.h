@@ -4,7 +4,8 @@
  * down, lm_head), for one token (decode) or a batch (prefill, verification).
  *
  *   x [n, in] f32 row-major      W [out, in] as stored (bf16 | f16 | f32),
- *                                or q8 blocks made at load (-wq q8)
+ *                                or q8 blocks made at load (-wq q8; the
+ *                                drafter's DT_Q8I also quantizes x)
  *   y [n, out] f32:  y[i][o] = sum_j x[i][j] * W[o][j]
  *
  * Every y[i][o] is one dot product accumulated in the same order whatever n
@@ -23,15 +24,22 @@
  * matrix (weight_quantize_q8), cols a multiple of 32:
  *   data:  | int8 q[cols] | per row          w = q * scale
  *   scale: | f32 d[cols / 32] | per row      d = max|w| / 127 per 32 columns */
-typedef enum { DT_F32, DT_F16, DT_BF16, DT_Q8 } DType;
+/* DT_Q8I: the same codes and scales, laid out for integer dot products
+ * (AVX-512 VNNI) against activations quantized by the same rule per token;
+ * for the MTP drafter, whose numbers verification makes harmless. rows a
+ * multiple of 16; each tile of 16 rows is one run of 64-byte groups:
+ *   data:  | 16 rows x |code + 128 (u8) x 4 columns| | per 4 columns, per tile
+ *   scale: | 16 rows x f32 d | per 32 columns, per tile
+ * y = sum over blocks b of (d_w,b * d_x,b) * (sum_j q_w,j q_x,j). */
+typedef enum { DT_F32, DT_F16, DT_BF16, DT_Q8, DT_Q8I } DType;
 
-static inline size_t dtype_size(DType t) { return t == DT_F32 ? 4 : t == DT_Q8 ? 1 : 2; }
+static inline size_t dtype_size(DType t) { return t == DT_F32 ? 4 : t >= DT_Q8 ? 1 : 2; }
 
 /* A weight matrix [rows, cols] in place in memory (the mmap), or owned
  * (DT_Q8, freed by weight_free). */
 typedef struct {
     const void *data;
-    const float *scale; /* DT_Q8 only: [rows, cols / 32] */
+    const float *scale; /* DT_Q8: [rows, cols / 32]; DT_Q8I: [rows / 16, cols / 32, 16] */
     DType dtype;
     int rows, cols;
 } Weight;
@@ -40,7 +48,14 @@ typedef struct {
  * cols is not a multiple of 32, rows is not positive or memory runs out,
  * dst untouched. */
 int weight_quantize_q8(const Weight *src, Weight *dst);
-/* Frees what weight_quantize_q8 allocated; mapped weights are left alone. */
+/* dst = src as DT_Q8I (the codes weight_quantize_q8 makes, relaid). 0 ok;
+ * -1 when rows is not a positive multiple of 16, cols not a multiple of 32,
+ * or memory runs out, dst untouched. */
+int weight_quantize_q8i(const Weight *src, Weight *dst);
+/* Whether DT_Q8I has its fast kernel here (AVX-512 VNNI, not forced off by
+ * RUN_ISA); without it DT_Q8I runs the plain C reference, same results. */
+int matmul_has_q8i(void);
+/* Frees what weight_quantize_q8 / _q8i allocated; mapped weights are left alone. */
 void weight_free(Weight *w);
 
 void matmul_ref(float *y, const float *x, const Weight *w, int n);

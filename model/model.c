@@ -242,11 +242,14 @@ fail:
 }
 
 /* w in place of its q8 copy; the stored matrix stays mapped. A width that
- * is not whole 32-column blocks (no Qwen3 shape has one) stays as stored. */
-static int quantize(Weight *w, const char *name, char *err, size_t errlen) {
+ * is not whole 32-column blocks (no Qwen3 shape has one) stays as stored.
+ * Drafts take DT_Q8I where its integer kernel runs (rows in 16-row tiles),
+ * else plain q8. A matrix already q8 (shared with lm_head) is kept. */
+static int quantize(Weight *w, int draft, const char *name, char *err, size_t errlen) {
     Weight q;
-    if (w->dtype == DT_Q8 || w->cols % 32) return 0;
-    if (weight_quantize_q8(w, &q)) {
+    if (w->dtype == DT_Q8 || w->dtype == DT_Q8I || w->cols % 32) return 0;
+    const int q8i = draft && matmul_has_q8i() && w->rows % 16 == 0;
+    if (q8i ? weight_quantize_q8i(w, &q) : weight_quantize_q8(w, &q)) {
         snprintf(err, errlen, "q8 weights: out of memory for a copy of %s [%d, %d]", name, w->rows, w->cols);
         return -1;
     }
@@ -254,13 +257,13 @@ static int quantize(Weight *w, const char *name, char *err, size_t errlen) {
     return 0;
 }
 
-static int quantize_layer(Layer *L, const char *prefix, char *err, size_t errlen) {
+static int quantize_layer(Layer *L, int draft, const char *prefix, char *err, size_t errlen) {
     static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
     Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
     for (int i = 0; i < 7; i++) {
         char name[96];
         snprintf(name, sizeof name, "%s%s", prefix, names[i]);
-        if (quantize(w[i], name, err, errlen)) return -1;
+        if (quantize(w[i], draft, name, err, errlen)) return -1;
     }
     return 0;
 }
@@ -272,20 +275,20 @@ int model_quantize(Model *m, int part, char *err, size_t errlen) {
     }
     if (part == MODEL_DRAFT) {
         if (!m->has_mtp) return 0;
-        return quantize(&m->mtp_fc, "mtp.fc", err, errlen) ||
-                       quantize_layer(&m->mtp_layer, "mtp.layers.0.", err, errlen) ||
-                       quantize(&m->mtp_head, "lm_head (drafts)", err, errlen)
+        return quantize(&m->mtp_fc, 1, "mtp.fc", err, errlen) ||
+                       quantize_layer(&m->mtp_layer, 1, "mtp.layers.0.", err, errlen) ||
+                       quantize(&m->mtp_head, 1, "lm_head (drafts)", err, errlen)
                    ? -1
                    : 0;
     }
     for (int l = 0; l < m->cfg.n_layers; l++) {
         char prefix[32];
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
-        if (quantize_layer(&m->layers[l], prefix, err, errlen)) return -1;
+        if (quantize_layer(&m->layers[l], 0, prefix, err, errlen)) return -1;
     }
     /* drafts that shared lm_head share its copy */
     const int shared = m->mtp_head.data == m->lm_head.data;
-    if (quantize(&m->lm_head, "lm_head", err, errlen)) return -1;
+    if (quantize(&m->lm_head, 0, "lm_head", err, errlen)) return -1;
     if (shared) m->mtp_head = m->lm_head;
     return 0;
 }

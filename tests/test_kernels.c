@@ -25,9 +25,9 @@ static float frand(void) {
  * f32 values by weight_quantize_q8 (cols a multiple of 32). */
 static Weight make_weight(DType dt, int rows, int cols, void **mem) {
     size_t n = (size_t)rows * cols;
-    if (dt == DT_Q8) {
+    if (dt == DT_Q8 || dt == DT_Q8I) {
         Weight f = make_weight(DT_F32, rows, cols, mem), q;
-        cr_assert_eq(weight_quantize_q8(&f, &q), 0);
+        cr_assert_eq(dt == DT_Q8 ? weight_quantize_q8(&f, &q) : weight_quantize_q8i(&f, &q), 0);
         free(*mem);
         *mem = (void *)q.data;
         return q;
@@ -215,6 +215,64 @@ Test(kernels, matmul_multi_equals_separate_matmuls) {
             free(x);
         }
     }
+}
+
+/* DT_Q8I (the drafter's integer dots): the VNNI kernel gives exactly the
+ * reference's numbers, alone, in a batch of 1 to 9 tokens and inside
+ * matmul_multi; they hold the same weights as q8 (weight_row) and stay
+ * within the activations' q8 rounding of the float q8 matmul; shapes it
+ * cannot hold are refused. */
+Test(kernels, q8i_matches_reference_and_q8) {
+    const int shapes[][2] = {{16, 32}, {48, 96}, {144, 256}, {4160, 256}, {32, 1024}};
+    for (int si = 0; si < 5; si++) {
+        const int out = shapes[si][0], in = shapes[si][1], n = 9;
+        void *mem, *mem8;
+        st = 0x243F6A8885A308D3ULL;
+        Weight w = make_weight(DT_Q8I, out, in, &mem);
+        st = 0x243F6A8885A308D3ULL; /* the same values again, as plain q8 */
+        Weight w8 = make_weight(DT_Q8, out, in, &mem8);
+        float *x = malloc(sizeof(float) * n * in), *ref = malloc(sizeof(float) * n * out),
+              *got = malloc(sizeof(float) * n * out), *f8 = malloc(sizeof(float) * n * out);
+        float *r8 = malloc(sizeof(float) * in), *ri = malloc(sizeof(float) * in);
+        for (int o = 0; o < out; o += 7) {
+            weight_row(&w8, o, r8);
+            weight_row(&w, o, ri);
+            cr_expect(memcmp(r8, ri, sizeof(float) * in) == 0, "%dx%d: row %d differs from q8", out, in, o);
+        }
+        for (int i = 0; i < n * in; i++) x[i] = frand();
+        x[3] = 0; /* a block with a zero, and a token of zeros */
+        for (int j = 0; j < in; j++) x[in + j] = 0;
+        kernels_set_isa("ref");
+        matmul_ref(ref, x, &w, n);
+        matmul_ref(f8, x, &w8, n);
+        double err = 0, mag = 0;
+        for (int i = 0; i < n * out; i++) err = fmax(err, fabsf(ref[i] - f8[i])), mag = fmax(mag, fabsf(f8[i]));
+        /* x within half a step of 1/127 of its block's max: about 0.5% of a dot's magnitude */
+        cr_expect(err > 0 && err < 0.02 * mag, "%dx%d: q8i vs q8 max-abs %g of %g", out, in, err, mag);
+        for (int j = 0; j < out; j++) cr_expect_eq(ref[(size_t)out + j], 0, "an all-zero x row gives 0");
+        for (size_t k = 1; k < 3; k++) {
+            if (kernels_set_isa(isas[k])) continue;
+            for (int b = 1; b <= n; b++) {
+                matmul(got, x, &w, b);
+                cr_expect(memcmp(got, ref, sizeof(float) * b * out) == 0, "%s %dx%d, %d tokens: differs from reference",
+                          isas[k], out, in, b);
+            }
+            const Weight *pair[2] = {&w, &w};
+            float *ys[2] = {got, f8};
+            matmul_multi(ys, pair, 2, x, n);
+            cr_expect(memcmp(got, ref, sizeof(float) * n * out) == 0 && memcmp(f8, ref, sizeof(float) * n * out) == 0,
+                      "%s %dx%d: matmul_multi differs", isas[k], out, in);
+        }
+        kernels_set_isa("avx512");
+        cr_expect_eq(matmul_has_q8i(), __builtin_cpu_supports("avx512vnni") && !kernels_set_isa("avx512"));
+        free(x), free(ref), free(got), free(f8), free(r8), free(ri), free(mem), free(mem8);
+    }
+    void *mem;
+    Weight f = make_weight(DT_F32, 24, 64, &mem), q;
+    cr_expect_eq(weight_quantize_q8i(&f, &q), -1, "24 rows are not whole 16-row tiles");
+    f.rows = 16, f.cols = 48;
+    cr_expect_eq(weight_quantize_q8i(&f, &q), -1, "48 columns are not whole blocks");
+    free(mem);
 }
 
 /* ggml's q8_0 rule: each 32-column block's largest magnitude becomes +-127,
