@@ -71,8 +71,9 @@ static void usage(FILE *f) {
             "  -wq TYPE         matmul weights: stored (as in the checkpoint, default) | q8 (converted\n"
             "                   at load to q8_0 blocks with f32 scales: 9/16 of bf16's bytes);\n"
             "                   compare: the schemes run on q8, the f32 reference on the stored ones\n"
-            "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the\n"
-            "                   same either way, sampled output keeps the main model's distribution\n"
+            "  -wq-draft TYPE   the MTP drafter's weights: q8 (default; with AVX-512 VNNI its activations\n"
+            "                   are quantized to q8 too, for integer dot products) | stored; greedy output\n"
+            "                   is the same either way, sampled output keeps the main model's distribution\n"
             "  -o FILE          output file (logits: float32 [n_tokens, vocab]; compare: SVG plot)\n"
             "  -h               this help\n"
             "KV schemes (bits per value at head_dim 128):\n");
