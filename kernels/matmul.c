@@ -463,11 +463,13 @@ static _Thread_local Buf64 q8i_buf;
 static int g_vnni = -1;
 
 int matmul_has_q8i(void) {
-    if (g_vnni < 0) {
+    int v = __atomic_load_n(&g_vnni, __ATOMIC_RELAXED);
+    if (v < 0) {
         __builtin_cpu_init();
-        __atomic_store_n(&g_vnni, __builtin_cpu_supports("avx512vnni") ? 1 : 0, __ATOMIC_RELAXED);
+        v = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
+        __atomic_store_n(&g_vnni, v, __ATOMIC_RELAXED);
     }
-    return isa() == ISA_AVX512 && __atomic_load_n(&g_vnni, __ATOMIC_RELAXED);
+    return isa() == ISA_AVX512 && v;
 }
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma"), always_inline)) static inline
@@ -626,7 +628,7 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
     for (int k = 0; k < count; k++) q8i += w[k]->dtype == DT_Q8I;
     if (q8i) {
         /* all DT_Q8I in one team (the drafter's q/k/v, gate/up), else one by one */
-        if (q8i == count && matmul_has_q8i() && !matmul_q8i(y, w, count, x, n)) return;
+        if (q8i == count && count <= MATMUL_MAX_MULTI && matmul_has_q8i() && !matmul_q8i(y, w, count, x, n)) return;
         for (int k = 0; k < count; k++) {
             if (w[k]->dtype != DT_Q8I) matmul_multi(&y[k], &w[k], 1, x, n);
             else if (!matmul_has_q8i() || matmul_q8i(&y[k], &w[k], 1, x, n)) matmul_q8i_ref(y[k], x, w[k], n);
