@@ -9,15 +9,18 @@
 # 0.6B-shaped model from `make bench`: its MTP head drafts ~never get
 # accepted, so this measures what drafting and verifying cost). Each run is
 # greedy (-t 0) with the tbq4 KV cache, 128 generated tokens (fewer if the
-# model emits end-of-text), `-spec 0` being plain decoding; REPS rounds
-# (default 3) run every setting once each, and each setting's best decode
-# tok/s is reported, since a run of 128 tokens on the small model lasts a
-# tenth of a second and other load on the machine shows in single runs. RUN_BIN picks the binary (default
-# build/run), THREADS the thread count (default: all cores).
+# model emits end-of-text), `-spec 0` being plain decoding; rounds run every
+# setting once each, and each setting's best decode tok/s is reported: a
+# run of 128 tokens on the small model lasts a twentieth of a second, and
+# other load on the machine shows in single runs, so models under 100 MB
+# get SMALL_REPS rounds (default 9), larger ones REPS (default 3).
+# RUN_BIN picks the binary (default build/run), THREADS the thread count
+# (default: all cores).
 set -eu
 RUN=${RUN_BIN:-build/run}
 THREADS=${THREADS:-$(nproc)}
 REPS=${REPS:-3}
+SMALL_REPS=${SMALL_REPS:-9}
 PROMPT="In the beginning God created the heaven and the earth. And the earth was without form, and void;"
 [ $# -gt 0 ] || set -- models/qwen3-kjv-mtp bench/qwen3-0.6b-mtp
 # field NAME: the value of NAME=... in $stats (spec_accept only appears when drafting is on)
@@ -28,16 +31,20 @@ for dir in "$@"; do
         echo
         continue
     fi
+    # the checkpoint's size in MB decides the number of rounds
+    mb=$(du -mc "$dir"/*.safetensors | tail -1 | cut -f1)
+    reps=$REPS
+    [ "$mb" -ge 100 ] || reps=$SMALL_REPS
     echo "## Speculative decoding with the MTP head: $dir"
     echo
-    echo "greedy, -kv tbq4, -n 128, $THREADS threads, best of $REPS runs"
+    echo "greedy, -kv tbq4, -n 128, $THREADS threads, best of $reps runs"
     echo
     echo "| -spec | decoded tokens | decode tok/s | vs -spec 0 | draft acceptance |"
     echo "|---:|---:|---:|---:|---:|"
     # rounds over all settings, so that a slow spell on the machine hits
     # every -spec value rather than one; best_N / stats_N keep each one's best
     for n in 0 1 2 3 4; do eval "best_$n=0 stats_$n="; done
-    for r in $(seq "$REPS"); do
+    for r in $(seq "$reps"); do
         for n in 0 1 2 3 4; do
             stats=$("$RUN" "$dir" -i "$PROMPT" -n 128 -t 0 -kv tbq4 -T "$THREADS" -spec "$n" 2>&1 >/dev/null |
                 grep '^stats:') || continue
