@@ -24,6 +24,10 @@ void swiglu_ref(float *a, const float *b, int n);
 /* The largest of m and x[0..n) (attention's running maximum). */
 float max_from(const float *x, int n, float m);
 float max_from_ref(const float *x, int n, float m);
+/* Index of the first largest value of x[0..n), NaNs skipped; 0 when every
+ * value is NaN (greedy decoding and draft verification, once per row). */
+int argmax(const float *x, int n);
+int argmax_ref(const float *x, int n);
 /* x[i] = exp(x[i] - m) for i < n; returns their sum (softmax numerators). */
 float exp_sub_sum(float *x, int n, float m);
 float exp_sub_sum_ref(float *x, int n, float m);

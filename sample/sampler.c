@@ -1,5 +1,6 @@
 /* sampler.c: see sampler.h. */
 #include "sample/sampler.h"
+#include "kernels/ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -21,12 +22,7 @@ void sampler_free(Sampler *s) {
     free(s->idx);
 }
 
-int sampler_argmax(const float *logits, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
-    return best;
-}
+int sampler_argmax(const float *logits, int n) { return argmax(logits, n); }
 
 float sampler_uniform(Sampler *s) {
     s->rng ^= s->rng >> 12;

@@ -183,6 +183,29 @@ Test(kernels, exp_matches_libm) {
     free(x), free(y);
 }
 
+/* argmax: the first of equal maxima, NaNs skipped (0 when all are NaN),
+ * the same index as the reference at every length and position. */
+Test(kernels, argmax_matches_reference) {
+    static float x[4200];
+    for (size_t k = 0; k < 3; k++) {
+        if (kernels_set_isa(isas[k])) continue;
+        for (int n = 1; n <= 4200; n += n < 40 ? 1 : 397) {
+            for (int i = 0; i < n; i++) x[i] = frand();
+            cr_expect_eq(argmax(x, n), argmax_ref(x, n), "%s n=%d", isas[k], n);
+            const int at = n / 3, tie = n - 1;
+            x[at] = 5, x[tie] = 5; /* ties keep the first */
+            cr_expect_eq(argmax(x, n), at, "%s n=%d tie", isas[k], n);
+            x[0] = NAN; /* a NaN, even first, is never the maximum */
+            if (at > 0) cr_expect_eq(argmax(x, n), at, "%s n=%d NaN first", isas[k], n);
+            for (int i = 0; i < n; i++) x[i] = i % 5 ? NAN : -INFINITY;
+            cr_expect_eq(argmax(x, n), argmax_ref(x, n), "%s n=%d NaN and -inf", isas[k], n);
+            cr_expect_eq(argmax_ref(x, n), 0, "n=%d: -inf at 0", n);
+            for (int i = 0; i < n; i++) x[i] = NAN;
+            cr_expect_eq(argmax(x, n), 0, "%s n=%d all NaN", isas[k], n);
+        }
+    }
+}
+
 /* matmul_multi: one pass over several projections of the same x gives each
  * exactly what its own matmul gives, with mixed row counts and dtypes and a
  * column tail, for a single token and for a batch that packs bf16 chunks. */
