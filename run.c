@@ -236,7 +236,7 @@ static int parse_compare_list(const char *list, int other_weights, KVSpec *specs
     snprintf(buf, sizeof buf, "%s", list);
     char *save = NULL;
     for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-        if (*n >= 64) { snprintf(err, errlen, "-kv: at most 63 schemes to compare"); return -1; }
+        if (*n >= 64) { snprintf(err, errlen, "-kv: too many schemes to compare (64 rows at most, the f32 reference included)"); return -1; }
         if (kv_spec_parse(item, &specs[*n], err, errlen)) return -1;
         if (!(specs[*n].k == specs[0].k && specs[*n].v == specs[0].v)) (*n)++;
     }

@@ -5,6 +5,7 @@
  * agreement and decode speed at the measured context. */
 #include "eval/compare.h"
 #include "attn/attn.h"
+#include "kernels/ops.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,13 +30,6 @@ static void log_softmax(const float *x, int V, double *logp) {
     for (int i = 0; i < V; i++) s += exp((double)x[i] - mx);
     double lse = log(s) + mx;
     for (int i = 0; i < V; i++) logp[i] = x[i] - lse;
-}
-
-static int argmax(const float *x, int V) {
-    int b = 0;
-    for (int i = 1; i < V; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs, int n, const int *ids, int n_ids,

@@ -369,12 +369,14 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
  *   split: x [n, in] with every 32-column block reordered |16 even|16 odd|,
  *          the order ld32 widens bf16 pairs in (columns past the last
  *          block are left out: the tail reads x);
- *   pack:  [threads, 64, in] widened bf16 chunks, one per team thread. */
+ *   pack:  [threads, 64, in] widened bf16 chunks, one per team thread;
+ *   q8i:   x quantized for DT_Q8I: [n, in] codes, then [n, in / 32] scales
+ *          and as many biases. */
 typedef struct {
     float *buf;
     size_t cap;
 } Buf64;
-static _Thread_local Buf64 split_buf, pack_buf;
+static _Thread_local Buf64 split_buf, pack_buf, q8i_buf;
 
 static float *buf_get(Buf64 *b, size_t floats) {
     if (floats > b->cap) {
@@ -400,6 +402,8 @@ static void split_rows(float *xs, const float *x, int i0, int i1, int in) {
 
 int matmul_reserve(int n, int cols) {
     if (!buf_get(&split_buf, (size_t)n * cols)) return -1;
+    /* DT_Q8I's quantized x: codes, scales and biases (see matmul_q8i) */
+    if (!buf_get(&q8i_buf, ((size_t)n * cols + 63) / 64 * 16 + 2 * (size_t)n * (cols / 32))) return -1;
     if (n >= PACK_MIN && !buf_get(&pack_buf, (size_t)omp_get_max_threads() * 64 * cols)) return -1;
     return 0;
 }
@@ -459,7 +463,6 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
  * the +128), converted and scaled by d_w (16 rows, one load) times d_x:
  * about 11 vector instructions per 512 multiply-adds, where widening q8 to
  * f32 takes 160, so drafts stop being bound by arithmetic. */
-static _Thread_local Buf64 q8i_buf;
 static int g_vnni = -1;
 
 int matmul_has_q8i(void) {
@@ -474,9 +477,9 @@ int matmul_has_q8i(void) {
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma"), always_inline)) static inline
 
-/* quantize_x32 in vector form, the same numbers: the max and the sum are
- * exact in any order, the scale is the same scalar arithmetic, and
- * vcvtps2dq rounds to nearest even as lrintf does. */
+/* quantize_x32 in vector form, the same numbers for finite x: the max and
+ * the sum are exact in any order, the scale is the same scalar arithmetic,
+ * and vcvtps2dq rounds to nearest even as lrintf does. */
 VNNI float quantize_x32_512(const float *x, int8_t *q, int32_t *bias) {
     const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
@@ -485,7 +488,8 @@ VNNI float quantize_x32_512(const float *x, int8_t *q, int32_t *bias) {
     const __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(lo, vid)), qh = _mm512_cvtps_epi32(_mm512_mul_ps(hi, vid));
     _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(ql));
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qh));
-    *bias = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
+    /* unsigned: a NaN activation (garbage either way) must not overflow */
+    *bias = (int32_t)(0u - 128u * (uint32_t)_mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh)));
     return d;
 }
 

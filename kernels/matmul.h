@@ -36,7 +36,7 @@ typedef enum { DT_F32, DT_F16, DT_BF16, DT_Q8, DT_Q8I } DType;
 static inline size_t dtype_size(DType t) { return t == DT_F32 ? 4 : t >= DT_Q8 ? 1 : 2; }
 
 /* A weight matrix [rows, cols] in place in memory (the mmap), or owned
- * (DT_Q8, freed by weight_free). */
+ * (DT_Q8 and DT_Q8I, freed by weight_free). */
 typedef struct {
     const void *data;
     const float *scale; /* DT_Q8: [rows, cols / 32]; DT_Q8I: [rows / 16, cols / 32, 16] */
@@ -53,7 +53,8 @@ int weight_quantize_q8(const Weight *src, Weight *dst);
  * or memory runs out, dst untouched. */
 int weight_quantize_q8i(const Weight *src, Weight *dst);
 /* Whether DT_Q8I has its fast kernel here (AVX-512 VNNI, not forced off by
- * RUN_ISA); without it DT_Q8I runs the plain C reference, same results. */
+ * RUN_ISA); without it DT_Q8I runs the plain C reference, same results for
+ * finite activations. */
 int matmul_has_q8i(void);
 /* Frees what weight_quantize_q8 / _q8i allocated; mapped weights are left alone. */
 void weight_free(Weight *w);

@@ -249,11 +249,15 @@ Test(kernels, q8i_matches_reference_and_q8) {
     const int shapes[][2] = {{16, 32}, {48, 96}, {144, 256}, {4160, 256}, {32, 1024}};
     for (int si = 0; si < 5; si++) {
         const int out = shapes[si][0], in = shapes[si][1], n = 9;
-        void *mem, *mem8;
-        st = 0x243F6A8885A308D3ULL;
-        Weight w = make_weight(DT_Q8I, out, in, &mem);
-        st = 0x243F6A8885A308D3ULL; /* the same values again, as plain q8 */
-        Weight w8 = make_weight(DT_Q8, out, in, &mem8);
+        /* scales that differ by row and by block, so a mixed-up index shows */
+        void *memf;
+        Weight f = make_weight(DT_F32, out, in, &memf), w, w8;
+        for (int o = 0; o < out; o++)
+            for (int j = 0; j < in; j++) ((float *)memf)[(size_t)o * in + j] *= 1 + o % 16 + (j / 32) % 3;
+        cr_assert_eq(weight_quantize_q8i(&f, &w), 0);
+        cr_assert_eq(weight_quantize_q8(&f, &w8), 0);
+        free(memf);
+        void *mem = (void *)w.data, *mem8 = (void *)w8.data;
         float *x = malloc(sizeof(float) * n * in), *ref = malloc(sizeof(float) * n * out),
               *got = malloc(sizeof(float) * n * out), *f8 = malloc(sizeof(float) * n * out);
         float *r8 = malloc(sizeof(float) * in), *ri = malloc(sizeof(float) * in);
@@ -273,6 +277,26 @@ Test(kernels, q8i_matches_reference_and_q8) {
         /* x within half a step of 1/127 of its block's max: about 0.5% of a dot's magnitude */
         cr_expect(err > 0 && err < 0.02 * mag, "%dx%d: q8i vs q8 max-abs %g of %g", out, in, err, mag);
         for (int j = 0; j < out; j++) cr_expect_eq(ref[(size_t)out + j], 0, "an all-zero x row gives 0");
+        /* independently, in double: q8 codes and scales times x quantized by
+         * the same rule (rounded to nearest even) */
+        const int nb = in / 32;
+        double worst = 0;
+        for (int i = 0; i < n; i++)
+            for (int o = 0; o < out; o++) {
+                double e = 0;
+                for (int b = 0; b < nb; b++) {
+                    const float *xb = x + (size_t)i * in + b * 32;
+                    float amax = 0;
+                    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+                    const float dx = amax / 127.0f, id = dx > 0 ? 1.0f / dx : 0.0f;
+                    long dot = 0;
+                    for (int j = 0; j < 32; j++)
+                        dot += (long)((const int8_t *)w8.data)[(size_t)o * in + b * 32 + j] * lrintf(xb[j] * id);
+                    e += (double)(w8.scale[(size_t)o * nb + b] * dx) * dot;
+                }
+                worst = fmax(worst, fabs(ref[(size_t)i * out + o] - e) / (1 + fabs(e)));
+            }
+        cr_expect(worst < 1e-5, "%dx%d: reference vs the double-precision sum: %g", out, in, worst);
         for (size_t k = 1; k < 3; k++) {
             if (kernels_set_isa(isas[k])) continue;
             for (int b = 1; b <= n; b++) {
