@@ -409,8 +409,13 @@ int matmul_reserve(int n, int cols) {
 }
 
 /* All count projections in one thread team: x is split once, then threads
- * take chunks of 64 rows from the matrices laid end to end (static
- * schedule), so q, k and v (or gate and up) cost one fork and one join. */
+ * take chunks of 64 rows from the matrices laid end to end, so q, k and v
+ * (or gate and up) cost one fork and one join. The guided schedule hands
+ * out long runs of chunks first (each thread streams contiguous memory)
+ * and single chunks last, so a thread the memory serves more slowly does
+ * not hold the join: 0.6B decode at 2 threads was faster than with a
+ * static split in 9 of 10 alternating runs, by 2.5% on average (a fully
+ * dynamic split was slower than static). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))) static int
 matmul512(float *const *y, const Weight *const *w, int count, const float *x, int n) {
     const int in = w[0]->cols;
@@ -437,7 +442,7 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
 #pragma omp for schedule(static)
             for (int i = 0; i < n; i++) split_rows(xs, x, i, i + 1, in);
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
         for (int c = 0; c < first[count]; c++) {
             int k = 0;
             while (c >= first[k + 1]) k++;
