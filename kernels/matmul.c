@@ -400,10 +400,28 @@ static void split_rows(float *xs, const float *x, int i0, int i1, int in) {
     }
 }
 
+/* Floats of q8i_buf for n rows of cols: the codes rounded up to whole
+ * 64-byte lines, then one scale and one bias per 32 columns. */
+static size_t q8i_floats(int n, int cols) { return ((size_t)n * cols + 63) / 64 * 16 + 2 * (size_t)n * (cols / 32); }
+
+/* Chunks of 64 output rows of count matrices laid end to end: first[k] is
+ * matrix k's first chunk, first[count] the total; chunk_of gives chunk c's
+ * matrix and its rows [*o0, *o1). */
+static void chunk_starts(int *first, const Weight *const *w, int count) {
+    first[0] = 0;
+    for (int k = 0; k < count; k++) first[k + 1] = first[k] + (w[k]->rows + 63) / 64;
+}
+static int chunk_of(const int *first, const Weight *const *w, int c, int *o0, int *o1) {
+    int k = 0;
+    while (c >= first[k + 1]) k++;
+    *o0 = (c - first[k]) * 64;
+    *o1 = *o0 + 64 < w[k]->rows ? *o0 + 64 : w[k]->rows;
+    return k;
+}
+
 int matmul_reserve(int n, int cols) {
     if (!buf_get(&split_buf, (size_t)n * cols)) return -1;
-    /* DT_Q8I's quantized x: codes, scales and biases (see matmul_q8i) */
-    if (!buf_get(&q8i_buf, ((size_t)n * cols + 63) / 64 * 16 + 2 * (size_t)n * (cols / 32))) return -1;
+    if (!buf_get(&q8i_buf, q8i_floats(n, cols))) return -1;
     if (n >= PACK_MIN && !buf_get(&pack_buf, (size_t)omp_get_max_threads() * 64 * cols)) return -1;
     return 0;
 }
@@ -420,11 +438,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))) static in
 matmul512(float *const *y, const Weight *const *w, int count, const float *x, int n) {
     const int in = w[0]->cols;
     int first[MATMUL_MAX_MULTI + 1], split = 0;
-    first[0] = 0;
-    for (int k = 0; k < count; k++) {
-        first[k + 1] = first[k] + (w[k]->rows + 63) / 64;
-        split |= w[k]->dtype == DT_BF16;
-    }
+    chunk_starts(first, w, count);
+    for (int k = 0; k < count; k++) split |= w[k]->dtype == DT_BF16;
     float *xs = split ? buf_get(&split_buf, (size_t)n * in) : NULL;
     if (split && !xs) return -1;
     /* no pack buffer (out of memory) only means tiles widen as they go */
@@ -444,10 +459,9 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
         }
 #pragma omp for schedule(guided)
         for (int c = 0; c < first[count]; c++) {
-            int k = 0;
-            while (c >= first[k + 1]) k++;
+            int o0, o1;
+            const int k = chunk_of(first, w, c, &o0, &o1);
             const Weight *wk = w[k];
-            int o0 = (c - first[k]) * 64, o1 = o0 + 64 < wk->rows ? o0 + 64 : wk->rows;
             switch (wk->dtype) {
             case DT_F32: chunk512(y[k], x, x, wk, o0, o1, n, DT_F32, NULL); break;
             case DT_F16: chunk512(y[k], x, x, wk, o0, o1, n, DT_F16, NULL); break;
@@ -549,11 +563,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma"))) sta
 matmul_q8i(float *const *y, const Weight *const *w, int count, const float *x, int n) {
     const int in = w[0]->cols, nb = in / 32;
     int first[MATMUL_MAX_MULTI + 1];
-    first[0] = 0;
-    for (int k = 0; k < count; k++) first[k + 1] = first[k] + (w[k]->rows + 63) / 64;
+    chunk_starts(first, w, count);
     /* [n * in] codes, then [n * nb] scales and [n * nb] biases */
-    const size_t code_floats = ((size_t)n * in + 63) / 64 * 16;
-    float *buf = buf_get(&q8i_buf, code_floats + 2 * (size_t)n * nb);
+    const size_t code_floats = q8i_floats(n, in) - 2 * (size_t)n * nb;
+    float *buf = buf_get(&q8i_buf, q8i_floats(n, in));
     if (!buf) return -1;
     int8_t *qx = (int8_t *)buf;
     float *dx = buf + code_floats;
@@ -561,9 +574,8 @@ matmul_q8i(float *const *y, const Weight *const *w, int count, const float *x, i
     for (size_t b = 0; b < (size_t)n * nb; b++) dx[b] = quantize_x32_512(x + b * 32, qx + b * 32, &bias[b]);
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < first[count]; c++) {
-        int k = 0;
-        while (c >= first[k + 1]) k++;
-        const int o0 = (c - first[k]) * 64, o1 = o0 + 64 < w[k]->rows ? o0 + 64 : w[k]->rows;
+        int o0, o1;
+        const int k = chunk_of(first, w, c, &o0, &o1);
         q8i_rows(y[k], qx, dx, bias, w[k], o0, o1, n);
     }
     return 0;

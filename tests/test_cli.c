@@ -166,7 +166,7 @@ static double cell(const char *out, const char *prefix, int k) {
  * the stored weights and f32 on q8 weights shows the weights' cost alone. */
 Test(cli, compare_rows_name_their_weights) {
     const char *args = "tests/data/fixtures/small -m compare -f tests/data/golden/small/sentence/prompt.txt -n 4 -kv f16,tbq4";
-    char cmd[512], *out, *err, *out_q8;
+    char cmd[1024], *out, *err, *out_q8;
     cr_assert_eq(run(args, &out, &err), 0, "%s", err);
     free(err);
     snprintf(cmd, sizeof cmd, "%s -wq q8", args);
@@ -192,6 +192,13 @@ Test(cli, compare_rows_name_their_weights) {
     cr_expect(kl > 0 && kl < 0.01, "KL of q8 weights %g", kl);
     free(out);
     free(out_q8);
+    /* 64 schemes and the reference do not fit the table: a usage error */
+    int len = snprintf(cmd, sizeof cmd, "%s -kv f16", args);
+    for (int i = 1; i < 64; i++) len += snprintf(cmd + len, sizeof cmd - (size_t)len, ",f16");
+    cr_expect_eq(run(cmd, &out, &err), 2);
+    cr_expect(strstr(err, "-kv: too many schemes to compare") != NULL, "%s", err);
+    free(out);
+    free(err);
 }
 
 Test(cli, ppl_last_line) {

@@ -22,8 +22,9 @@
  *      this model's k and v: the work does not depend on the values) to 8K
  *      and 32K positions, per scheme, then 1 untimed + 32 timed decode steps
  *      (16 above 8K positions), best of 2 such passes; the cache is
- *      truncated back between passes. "fill s" is the time the appends took (most threads): what
- *      storing that many positions costs in each scheme;
+ *      truncated back between passes. "fill s" is the time the appends
+ *      took (most threads): what storing that many positions costs in each
+ *      scheme;
  *   5. section 3 again after converting the matmul weights to q8 blocks
  *      (model_quantize, what -wq q8 does), beside the stored-weights speed.
  * Decode rows give the roofline ratio: bytes read per token x tok/s divided
