@@ -23,7 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { ISA_REF, ISA_AVX2, ISA_AVX512 } Isa;
+/* ISA_VNNI is AVX-512 plus its 8-bit dot product (vpdpbusd), which the
+ * integer kernels (DT_Q8I drafts, tbq4 scores) need. */
+typedef enum { ISA_REF, ISA_AVX2, ISA_AVX512, ISA_VNNI } Isa;
 /* The chosen ISA, -1 until first use. Attention's threads read it too, so
  * it is read and written atomically (two first uses just agree). */
 static int g_isa = -1;
@@ -33,7 +35,7 @@ static Isa isa_detect(void) {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
-        return ISA_AVX512;
+        return __builtin_cpu_supports("avx512vnni") ? ISA_VNNI : ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return ISA_AVX2;
     return ISA_REF;
@@ -48,22 +50,24 @@ static Isa isa(void) {
         if (env && strcmp(env, "ref") == 0) v = ISA_REF;
         else if (env && strcmp(env, "avx2") == 0 && best >= ISA_AVX2) v = ISA_AVX2;
         else if (env && strcmp(env, "avx512") == 0 && best >= ISA_AVX512) v = ISA_AVX512;
+        else if (env && strcmp(env, "avx512vnni") == 0 && best >= ISA_VNNI) v = ISA_VNNI;
         __atomic_store_n(&g_isa, v, __ATOMIC_RELAXED);
     }
     return (Isa)v;
 }
 
 const char *kernels_isa(void) {
-    static const char *names[] = {"ref", "avx2", "avx512"};
+    static const char *names[] = {"ref", "avx2", "avx512", "avx512vnni"};
     return names[isa()];
 }
 
 int kernels_level(void) { return (int)isa(); }
 
 int kernels_set_isa(const char *name) {
-    Isa want = strcmp(name, "avx512") == 0    ? ISA_AVX512
-               : strcmp(name, "avx2") == 0      ? ISA_AVX2
-                                                : ISA_REF;
+    Isa want = strcmp(name, "avx512vnni") == 0 ? ISA_VNNI
+               : strcmp(name, "avx512") == 0   ? ISA_AVX512
+               : strcmp(name, "avx2") == 0     ? ISA_AVX2
+                                               : ISA_REF;
     if (want > isa_detect() || (strcmp(name, "ref") && want == ISA_REF)) return -1;
     __atomic_store_n(&g_isa, (int)want, __ATOMIC_RELAXED);
     return 0;
@@ -482,17 +486,7 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
  * the +128), converted and scaled by d_w (16 rows, one load) times d_x:
  * about 11 vector instructions per 512 multiply-adds, where widening q8 to
  * f32 takes 160, so drafts stop being bound by arithmetic. */
-static int g_vnni = -1;
-
-int matmul_has_q8i(void) {
-    int v = __atomic_load_n(&g_vnni, __ATOMIC_RELAXED);
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
-        __atomic_store_n(&g_vnni, v, __ATOMIC_RELAXED);
-    }
-    return isa() == ISA_AVX512 && v;
-}
+int matmul_has_q8i(void) { return isa() == ISA_VNNI; }
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma"), always_inline)) static inline
 
@@ -656,7 +650,7 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
         }
         return;
     }
-    if (isa() == ISA_AVX512) {
+    if (isa() >= ISA_AVX512) {
         int k = 0;
         for (; k < count; k += MATMUL_MAX_MULTI) {
             int c = count - k < MATMUL_MAX_MULTI ? count - k : MATMUL_MAX_MULTI;

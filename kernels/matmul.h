@@ -52,8 +52,7 @@ int weight_quantize_q8(const Weight *src, Weight *dst);
  * -1 when rows is not a positive multiple of 16, cols not a multiple of 32,
  * or memory runs out, dst untouched. */
 int weight_quantize_q8i(const Weight *src, Weight *dst);
-/* Whether DT_Q8I has its fast kernel here (AVX-512 VNNI, not forced off by
- * RUN_ISA); without it DT_Q8I runs the plain C reference, same results for
+/* Whether DT_Q8I has its fast kernel here (kernels_isa() is avx512vnni); without it DT_Q8I runs the plain C reference, same results for
  * finite activations. */
 int matmul_has_q8i(void);
 /* Frees what weight_quantize_q8 / _q8i allocated; mapped weights are left alone. */
@@ -74,13 +73,14 @@ int matmul_reserve(int n, int cols);
 /* Reads row r of w into out[cols] as f32 (embedding lookup). */
 void weight_row(const Weight *w, int r, float *out);
 
-/* Which implementation matmul and the vec_* kernels use: "avx512", "avx2"
- * or "ref". Chosen once from the CPU's features; the environment variable
- * RUN_ISA=ref|avx2 forces a lower one. (An AVX-512 BF16 vdpbf16ps path with
+/* Which implementation matmul, the vec_* and the KV kernels use:
+ * "avx512vnni" (AVX-512 with its 8-bit dot product, for the integer
+ * kernels), "avx512", "avx2" or "ref". Chosen once from the CPU's features;
+ * the environment variable RUN_ISA=ref|avx2|avx512 forces a lower one. (An AVX-512 BF16 vdpbf16ps path with
  * activations split in two bf16 halves, to keep f32 accuracy, measured half
  * the speed of widening bf16 weights into f32 FMAs on this project's CPU.) */
 const char *kernels_isa(void);
-/* The same choice as a number: 0 ref, 1 avx2, 2 avx512. */
+/* The same choice as a number: 0 ref, 1 avx2, 2 avx512, 3 avx512vnni. */
 int kernels_level(void);
 /* Forces the ISA by name; returns 0, or -1 if the CPU lacks it (tests). */
 int kernels_set_isa(const char *name);

@@ -70,6 +70,10 @@ typedef struct KVScheme {
     void (*accum)(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc);
     /* Bytes the stream holds for cap positions (what init allocated). */
     size_t (*bytes)(const KVStream *s);
+    /* How far score may be from the reference at kernels_level() >= 3, as
+     * a share of ‖q‖·‖k‖ beyond float rounding: nonzero where that level
+     * rounds queries to 8-bit integers (tbq4); 0 everywhere else. */
+    float score_err;
 } KVScheme;
 
 struct KVStream {

@@ -40,6 +40,10 @@ typedef struct {
     int vec_bytes; /* nb · blk_bytes, the stride between positions */
     float cb[16];  /* codebook, already scaled to the block */
     float mid[15]; /* its decision boundaries */
+    /* 4-bit codebooks as the VNNI scores read them: cb8[i] = round(cb[i] ·
+     * cb8_s) + 128, cb8_s = 127 / max|cb| */
+    uint8_t cb8[16];
+    float cb8_s;
 } LbFmt;
 
 /* Fills f; cb_scale multiplies the N(0,1) Lloyd-Max table (unused for q4_0). */
@@ -67,5 +71,11 @@ void lb_kv_dequant(const KVStream *s, int t, float *out);
 void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
 void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc);
 size_t lb_kv_bytes(const KVStream *s);
+
+/* The integer scores lb_kv_score gives at kernels_level() >= 3, in plain C
+ * with the same rounding: 0, or -1 when the stream or the queries do not
+ * take that path (it needs 4-bit codes without renorm, d = 128 in one block,
+ * finite queries). Tests hold the VNNI kernel to it bit for bit. */
+int lb_score_i8_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
 
 #endif
