@@ -70,10 +70,18 @@ typedef struct KVScheme {
     void (*accum)(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc);
     /* Bytes the stream holds for cap positions (what init allocated). */
     size_t (*bytes)(const KVStream *s);
-    /* How far score may be from the reference at kernels_level() >= 3, as
-     * a share of ‖q‖·‖k‖ beyond float rounding: nonzero where that level
-     * rounds queries to 8-bit integers (tbq4); 0 everywhere else. */
+    /* At kernels_level() >= 3 (AVX-512 VNNI) some schemes score with the
+     * queries rounded to 8-bit integers (vpdpbusd). score_err bounds what
+     * that adds beyond float rounding, as a share of ‖q‖·‖k‖; score_int is
+     * the same integer arithmetic in plain C, which the kernel matches bit
+     * for bit (returns -1 where a stream or query does not take that path:
+     * other head dims, non-finite queries). 0 / NULL for float schemes. */
     float score_err;
+    int (*score_int)(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
+    /* Likewise for accum: at kernels_level() >= 3 q8 rounds the weights
+     * p_t · scale to 16-bit integers per span of positions (vpdpwssd);
+     * accum_err bounds what that adds, as a share of Σ_t |p_t · v_t[j]|. */
+    float accum_err;
 } KVScheme;
 
 struct KVStream {

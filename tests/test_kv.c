@@ -97,6 +97,19 @@ Test(kv, round_trip_error) {
 
 static void fast_paths_check(void);
 
+/* What an integer accumulate path may add to float rounding: accum_err
+ * times Σ_t |p_t · v_t[j]| over [t0, t1), at the level that has one. */
+static float int_accum_err(const KVStream *s, const float *p, int t0, int t1, int j) {
+    if (kernels_level() < 3 || !s->scheme->accum_err) return 0;
+    float y[KV_MAX_DIM];
+    double mag = 0;
+    for (int t = t0; t < t1; t++) {
+        s->scheme->dequant(s, t, y);
+        mag += fabs((double)p[t - t0] * y[j]);
+    }
+    return s->scheme->accum_err * (float)mag;
+}
+
 /* What an integer score path may add to float rounding: score_err times
  * ‖q‖·‖k_t‖ at the level that has one. */
 static float int_err(const KVStream *s, const float *q, int t) {
@@ -148,7 +161,8 @@ static void fast_paths_check(void) {
                 kv_accum(&s, a, n, nq, 2, n - 1, accf);
                 kv_accum_ref(&s, a, n, nq, 2, n - 1, accr);
                 for (int j = 0; j < nq * d; j++)
-                    cr_expect(fabsf(accf[j] - accr[j]) <= 1e-5f * (fabsf(accr[j]) + 1) * 10,
+                    cr_expect(fabsf(accf[j] - accr[j]) <= 1e-5f * (fabsf(accr[j]) + 1) * 10 +
+                                                              int_accum_err(&s, a + (j / d) * n, 2, n - 1, j % d),
                               "%s %s d=%d nq=%d accum j=%d: %g vs %g", kernels_isa(), sc->name, d, nq, j, accf[j],
                               accr[j]);
                 kv_stream_free(&s);
@@ -156,6 +170,76 @@ static void fast_paths_check(void) {
                 free(a);
                 free(b);
             }
+}
+
+/* Integer scores (kernels_level() 3): each scheme's kernel equals its
+ * plain C twin score_int bit for bit (exact integer sums, the same float
+ * steps), for 1..6 heads and ranges off the 4-position steps; the twin
+ * stays within score_err of the float reference, on Gaussian queries and
+ * on queries with a few large components, as real ones have; a query with
+ * a NaN or an infinity takes the float path. */
+Test(kv, integer_scores_match_their_twin) {
+    if (kernels_set_isa("avx512vnni")) return; /* no VNNI here */
+    const int d = 128, n = 203;
+    int checked = 0;
+    for (int si = 0; si < kv_n_schemes; si++) {
+        const KVScheme *sc = kv_schemes[si];
+        KVStream s;
+        if (!sc->score_int || !open_stream(&s, sc, d, n)) continue;
+        cr_expect(sc->score_err > 0, "%s: score_int without score_err", sc->name);
+        float *x = malloc(sizeof(float) * n * d), q[6 * 128], qd[6 * 128], a[6 * 203], b[6 * 203], r[6 * 203];
+        fill(x, n * d);
+        for (int t = 0; t < n; t++) kv_stream_append(&s, x + t * d);
+        float worst = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            fill(q, 6 * d);
+            if (pass)
+                for (int i = 0; i < 6; i++) q[i * d + 7 * i + 3] = 40.0f;
+            for (int i = 0; i < 6; i++) kv_to_domain(&s, q + i * d, qd + i * d);
+            for (int m = 1; m <= 6; m++) {
+                kv_score(&s, qd, m, 5, n - 2, a, n);
+                cr_assert_eq(sc->score_int(&s, qd, m, 5, n - 2, b, n), 0, "%s: d=128 has integer scores", sc->name);
+                kv_score_ref(&s, qd, m, 5, n - 2, r, n);
+                for (int i = 0; i < m; i++)
+                    for (int t = 0; t < n - 7; t++) {
+                        cr_expect(a[i * n + t] == b[i * n + t], "%s pass %d nq=%d head %d t=%d: %.9g vs twin %.9g",
+                                  sc->name, pass, m, i, t + 5, a[i * n + t], b[i * n + t]);
+                        const float e = int_err(&s, qd + i * d, t + 5);
+                        cr_expect(fabsf(b[i * n + t] - r[i * n + t]) <= e, "%s pass %d t=%d: %g vs float %g", sc->name,
+                                  pass, t + 5, b[i * n + t], r[i * n + t]);
+                        worst = fmaxf(worst, fabsf(b[i * n + t] - r[i * n + t]) / e * sc->score_err);
+                    }
+            }
+        }
+        cr_log_info("%s integer scores: worst error %.2e of |q||k| (score_err %.0e)", sc->name, worst, sc->score_err);
+        if (sc->accum_err) {
+            /* softmax-like weights: a few near 1, most far smaller */
+            float p[3 * 203], af[3 * 128] = {0}, ar[3 * 128] = {0}, wa = 0;
+            for (int i = 0; i < 3 * n; i++) p[i] = expf(3 * grand() - 9);
+            kv_accum(&s, p, n, 3, 1, n, af);
+            kv_accum_ref(&s, p, n, 3, 1, n, ar);
+            for (int j = 0; j < 3 * d; j++) {
+                const float e = int_accum_err(&s, p + (j / d) * n, 1, n, j % d);
+                cr_expect(fabsf(af[j] - ar[j]) <= 1e-5f * (fabsf(ar[j]) + 1) * 10 + e, "%s accum j=%d: %g vs %g",
+                          sc->name, j, af[j], ar[j]);
+                wa = fmaxf(wa, fabsf(af[j] - ar[j]) / e * sc->accum_err);
+            }
+            cr_log_info("%s integer accumulate: worst error %.2e of sum |p v| (accum_err %.0e)", sc->name, wa,
+                        sc->accum_err);
+        }
+        qd[17] = NAN;
+        cr_expect_eq(sc->score_int(&s, qd, 1, 0, n, b, n), -1, "%s: a NaN query has no integer score", sc->name);
+        kv_score(&s, qd, 2, 0, n, a, n);
+        cr_assert_eq(kernels_set_isa("avx512"), 0);
+        kv_score(&s, qd, 2, 0, n, b, n);
+        cr_assert_eq(kernels_set_isa("avx512vnni"), 0);
+        cr_expect(memcmp(a + n, b + n, sizeof(float) * n) == 0, "%s: a group with a NaN query takes the float path",
+                  sc->name);
+        kv_stream_free(&s);
+        free(x);
+        checked++;
+    }
+    cr_expect(checked >= 2, "tbq4 and q8 have integer scores");
 }
 
 Test(kv, attention_close_to_f32) {

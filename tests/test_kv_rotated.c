@@ -14,7 +14,6 @@
 #include "kv/hadamard.h"
 #include "kv/kv.h"
 #include "kv/lloydmax.h"
-#include "kv/lowbit.h"
 
 #define TEST_SEED 0x2545F4914F6CDD1DULL
 #include "tests/util.h"
@@ -348,51 +347,6 @@ Test(kv_rotated, kernel_levels_agree) {
             kv_stream_free(&s);
             free(x);
         }
-}
-
-/* tbq4's integer scores (kernels_level() 3): the VNNI kernel equals its
- * plain C twin bit for bit (exact integer sums, the same float steps), for
- * 1..6 heads and ranges off the 4-position steps; that twin stays within
- * score_err of the float reference on Gaussian and on spiky queries; a
- * query with a NaN or an infinity takes the float path instead. */
-Test(kv_rotated, integer_scores_match_their_reference) {
-    if (kernels_set_isa("avx512vnni")) return; /* no VNNI here */
-    const int d = 128, n = 203;
-    KVStream s;
-    open_stream(&s, "tbq4", d, n, 1);
-    float *x = malloc(sizeof(float) * n * d), q[6 * 128], qd[6 * 128], a[6 * 203], b[6 * 203], r[6 * 203];
-    for (int t = 0; t < n * d; t++) x[t] = grand();
-    for (int t = 0; t < n; t++) kv_stream_append(&s, x + t * d);
-    float worst = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        fill(q, 6 * d);
-        if (pass) /* a few large components, as real queries have */
-            for (int i = 0; i < 6; i++) q[i * d + 7 * i + 3] = 40.0f;
-        for (int i = 0; i < 6; i++) kv_to_domain(&s, q + i * d, qd + i * d);
-        for (int m = 1; m <= 6; m++) {
-            kv_score(&s, qd, m, 5, n - 2, a, n);
-            cr_assert_eq(lb_score_i8_ref(&s, qd, m, 5, n - 2, b, n), 0);
-            kv_score_ref(&s, qd, m, 5, n - 2, r, n);
-            for (int i = 0; i < m; i++)
-                for (int t = 0; t < n - 7; t++) {
-                    cr_expect(a[i * n + t] == b[i * n + t], "pass %d nq=%d head %d t=%d: %.9g vs %.9g", pass, m, i,
-                              t + 5, a[i * n + t], b[i * n + t]);
-                    const float e = int_err(&s, qd + i * d, t + 5);
-                    cr_expect(fabsf(b[i * n + t] - r[i * n + t]) <= e, "pass %d t=%d: %g vs float %g", pass, t + 5,
-                              b[i * n + t], r[i * n + t]);
-                    worst = fmaxf(worst, fabsf(b[i * n + t] - r[i * n + t]) / e * s.scheme->score_err);
-                }
-        }
-    }
-    cr_log_info("tbq4 integer scores: worst error %.2e of |q||k| (score_err %.0e)", worst, s.scheme->score_err);
-    qd[17] = NAN;
-    cr_expect_eq(lb_score_i8_ref(&s, qd, 1, 0, n, b, n), -1, "a NaN query has no integer score");
-    kv_score(&s, qd, 2, 0, n, a, n);
-    cr_assert_eq(kernels_set_isa("avx512"), 0);
-    kv_score(&s, qd, 2, 0, n, b, n);
-    cr_expect(memcmp(a + n, b + n, sizeof(float) * n) == 0, "the finite head of a group with a NaN one: float path");
-    kv_stream_free(&s);
-    free(x);
 }
 
 /* The AVX-512 Hadamard block and code search against plain C: the same

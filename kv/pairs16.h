@@ -1,0 +1,117 @@
+/* pairs16.h: the accumulate half of attention (acc_i += Σ_t p_i,t v_t) as
+ * 16-bit integer dot products over pairs of positions, for the schemes
+ * whose cached values are 8-bit integers times a float scale (q8's codes,
+ * tbq4's codebook rounded to int8), on CPUs with AVX-512 VNNI.
+ *
+ * Data flow: kv_accum -> scheme's accumulate -> pairs16_accum. The scheme
+ * supplies two always_inline functions: D(s, t, x) decodes position t into
+ * four registers of 32 int16 values (its 128 values, in the scheme's group
+ * order), rb is the bytes between positions, and S(s, t, g, k) gives group g's float scales at positions
+ * t..t+15 (lanes outside mask k zero: never read). Per
+ * span of up to P16_SPAN positions:
+ *
+ *   w[i][g][t] = p_i,t · S(t, g), rounded to int16 at 32767 / max|w| (per head)
+ *   position pairs (t, t+1) interleaved word by word:  | x_t[j] | x_t+1[j] |
+ *   vpdpwssd adds x_t[j]·w_t + x_t+1[j]·w_t+1 into lane j's int32 sum
+ *   at the end of the span: lanes to floats, times max|w| / 32767, into acc
+ *
+ * Per position that is 4 widenings, 4 interleaves and 4 vpdpwssd per head,
+ * where the float path widens 128 values to floats (16 instructions) and
+ * issues 8 FMAs per head. The weights' rounding is relative to the span's
+ * largest weight (2^-16 of it), far below the cached values' own error;
+ * lane sums stay below 2^31 (127 · 32767 · 2 · P16_SPAN / 2).
+ *
+ *   lanes of one group's two accumulators, j = the value within the group:
+ *   lo: j = 0-3, 8-11, 16-19, 24-27     hi: j = 4-7, 12-15, 20-23, 28-31
+ */
+#ifndef KV_PAIRS16_H
+#define KV_PAIRS16_H
+
+#include "kv/kv.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define PAIRS16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"), always_inline)) static inline
+
+#define P16_SPAN 64 /* positions per integer span (even) */
+
+typedef void (*Dec16)(const KVStream *s, int t, __m512i x[4]);
+/* Group g's scales at positions t..t+15 as floats, lanes outside mask k 0. */
+typedef __m512 (*Scale16)(const KVStream *s, int t, int g, __mmask16 k);
+
+/* lo/hi lanes back to values 0-15 (IDX0) and 16-31 (IDX1) of a group. */
+PAIRS16 void p16_unpack(__m512 lo, __m512 hi, __m512 *v0, __m512 *v1) {
+    const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),
+                  i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    *v0 = _mm512_permutex2var_ps(lo, i0, hi);
+    *v1 = _mm512_permutex2var_ps(lo, i1, hi);
+}
+
+/* One span [t0, t0 + n), n <= P16_SPAN, for NH <= 2 heads. Returns -1
+ * (nothing added) when a weight is not finite: the caller takes the float
+ * path. out(i, g, v0, v1) receives group g's 32 sums of head i. */
+PAIRS16 int p16_span(const KVStream *s, Dec16 D, Scale16 S, const int G1, size_t rb, const float *p, int ldp,
+                     const int NH, int t0, int n, __m512 (*out)[4][2]) {
+    /* group scales once for all heads, then per head the weights as floats
+     * and as int16 at one scale; a zero weight pads an odd span */
+    const int np = (n + 1) & ~1, ng = G1 ? 1 : 4;
+    float sf[4][P16_SPAN] __attribute__((aligned(64))), wf[4][P16_SPAN] __attribute__((aligned(64)));
+    int16_t wq[2][4][P16_SPAN] __attribute__((aligned(64)));
+    float inv[2];
+    for (int t = 0; t < np; t += 16) {
+        const __mmask16 k = n - t >= 16 ? 0xffff : (__mmask16)((1u << (n - t)) - 1);
+        for (int g = 0; g < ng; g++) _mm512_store_ps(sf[g] + t, S(s, t0 + t, g, k));
+    }
+    for (int i = 0; i < NH; i++) {
+        __m512 m = _mm512_setzero_ps();
+        __mmask16 bad = 0;
+        for (int g = 0; g < ng; g++)
+            for (int t = 0; t < np; t += 16) {
+                const __mmask16 k = n - t >= 16 ? 0xffff : (__mmask16)((1u << (n - t)) - 1);
+                const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + (size_t)i * ldp + t), _mm512_load_ps(sf[g] + t));
+                _mm512_store_ps(wf[g] + t, w);
+                bad |= _mm512_fpclass_ps_mask(w, 0x99); /* NaN, ±inf */
+                m = _mm512_max_ps(m, _mm512_abs_ps(w));
+            }
+        if (bad) return -1;
+        const float mx = _mm512_reduce_max_ps(m);
+        const __m512 sc = _mm512_set1_ps(mx > 0 ? 32767.0f / mx : 0);
+        inv[i] = mx > 0 ? mx / 32767.0f : 0;
+        for (int g = 0; g < ng; g++)
+            for (int t = 0; t < np; t += 16)
+                _mm256_store_si256((__m256i *)(wq[i][g] + t),
+                                   _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(wf[g] + t), sc))));
+    }
+    __m512i a[2][4][2];
+    for (int i = 0; i < NH; i++)
+        for (int g = 0; g < 4; g++) a[i][g][0] = a[i][g][1] = _mm512_setzero_si512();
+    for (int t = 0; t < np; t += 2) {
+        /* the next span's two rows, which its scales pass reads first */
+        const char *ahead = (const char *)s->data + (size_t)(t0 + P16_SPAN + t) * rb;
+        for (size_t b = 0; b < 2 * rb; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+        __m512i x0[4], x1[4];
+        D(s, t0 + t, x0);
+        D(s, t0 + (t + 1 < n ? t + 1 : t), x1);
+        for (int g = 0; g < 4; g++) {
+            const __m512i lo = _mm512_unpacklo_epi16(x0[g], x1[g]), hi = _mm512_unpackhi_epi16(x0[g], x1[g]);
+            for (int i = 0; i < NH; i++) {
+                int32_t pair;
+                memcpy(&pair, &wq[i][G1 ? 0 : g][t], 4);
+                const __m512i w = _mm512_set1_epi32(pair);
+                a[i][g][0] = _mm512_dpwssd_epi32(a[i][g][0], lo, w);
+                a[i][g][1] = _mm512_dpwssd_epi32(a[i][g][1], hi, w);
+            }
+        }
+    }
+    for (int i = 0; i < NH; i++) {
+        const __m512 iv = _mm512_set1_ps(inv[i]);
+        for (int g = 0; g < 4; g++)
+            p16_unpack(_mm512_mul_ps(_mm512_cvtepi32_ps(a[i][g][0]), iv), _mm512_mul_ps(_mm512_cvtepi32_ps(a[i][g][1]), iv),
+                       &out[i][g][0], &out[i][g][1]);
+    }
+    return 0;
+}
+
+#endif
