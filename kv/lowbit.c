@@ -20,6 +20,7 @@
 #include "kernels/hsum.h"
 #include "kernels/matmul.h"
 #include "kv/lloydmax.h"
+#include "kv/pairs16.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -43,6 +44,8 @@ void lb_fmt(LbFmt *f, int kind, int n, int nb, int hdr, int renorm, float cb_sca
         for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(f->cb[i]));
         f->cb8_s = 127.0f / m;
         for (int i = 0; i < 16; i++) f->cb8[i] = (uint8_t)(lrintf(f->cb[i] * f->cb8_s) + 128);
+        f->cb16_s = 1023.0f / m;
+        for (int i = 0; i < 32; i++) f->cb16[i] = (int16_t)lrintf(f->cb[i & 15] * f->cb16_s);
     }
 }
 
@@ -749,6 +752,72 @@ VNNI_FN static int score_i8(const LbFmt *f, const uint8_t *data, const float *q,
     return 0;
 }
 
+/* The accumulate half on VNNI for the same streams: pairs16.h's 16-bit
+ * sums, with the codebook at 10 bits (cb16: 1023 · 32767 · P16_SPAN stays
+ * below 2^31), looked up 32 codes at a time by vpermw. Decoded groups are
+ * even values 0-62, even 64-126, odd 1-63, odd 65-127; the sums are
+ * interleaved back at the end. The codebook's rounding (at most 0.15% of
+ * the smallest centroid) and the weights' add up to about 1e-3 of
+ * Σ |p v| (KVScheme.accum_err). */
+PAIRS16 void tbq_dec16(const KVStream *s, int t, __m512i x[4]) {
+    const LbFmt *f = s->aux;
+    const uint8_t *qs = s->data + (size_t)t * (size_t)f->vec_bytes + f->hdr;
+    const __m512i tbl = _mm512_loadu_si512(f->cb16);
+    for (int h = 0; h < 2; h++) {
+        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
+        x[h] = _mm512_permutexvar_epi16(w, tbl);
+        x[2 + h] = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), tbl);
+    }
+}
+
+/* 16 positions' fp16 norms in one gather, over the codebook's scale. */
+PAIRS16 __m512 tbq_scale16(const KVStream *s, int t, int g, __mmask16 k) {
+    (void)g;
+    const LbFmt *f = s->aux;
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(f->vec_bytes));
+    const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, at,
+                                                  (const void *)(s->data + (size_t)t * (size_t)f->vec_bytes), 1);
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), _mm512_set1_ps(1.0f / f->cb16_s));
+}
+
+/* acc += Σ p v, summed aside over spans and added at the end: 0, or -1
+ * with acc untouched when a weight is not finite. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))) static int
+accum_i16(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const LbFmt *f = s->aux;
+    if (nq > 8) return -1;
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+                  hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    __m512 sum[8][4][2];
+    for (int i = 0; i < nq; i++)
+        for (int g = 0; g < 4; g++) sum[i][g][0] = sum[i][g][1] = _mm512_setzero_ps();
+    for (int ta = t0; ta < t1; ta += P16_SPAN) {
+        const int n = t1 - ta < P16_SPAN ? t1 - ta : P16_SPAN;
+        for (int i0 = 0; i0 < nq; i0 += 2) {
+            const int NH = nq - i0 < 2 ? 1 : 2;
+            __m512 v[2][4][2];
+            const float *pi = p + (size_t)i0 * ldp + (ta - t0);
+            if (NH == 2 ? p16_span(s, tbq_dec16, tbq_scale16, 1, (size_t)f->vec_bytes, pi, ldp, 2, ta, n, v)
+                        : p16_span(s, tbq_dec16, tbq_scale16, 1, (size_t)f->vec_bytes, pi, ldp, 1, ta, n, v))
+                return -1;
+            for (int i = 0; i < NH; i++)
+                for (int g = 0; g < 4; g++)
+                    for (int h = 0; h < 2; h++) sum[i0 + i][g][h] = _mm512_add_ps(sum[i0 + i][g][h], v[i][g][h]);
+        }
+    }
+    /* even group e and odd group e + 2 hold values 64e + 2j and 64e + 2j + 1 */
+    for (int i = 0; i < nq; i++)
+        for (int e = 0; e < 2; e++)
+            for (int h = 0; h < 2; h++) {
+                float *a = acc + (size_t)i * 128 + 64 * e + 32 * h;
+                const __m512 ev = sum[i][e][h], od = sum[i][e + 2][h];
+                _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), _mm512_permutex2var_ps(ev, lo, od)));
+                _mm512_storeu_ps(a + 16, _mm512_add_ps(_mm512_loadu_ps(a + 16), _mm512_permutex2var_ps(ev, hi, od)));
+            }
+    return 0;
+}
+
 /* ---- stream glue --------------------------------------------------------- */
 
 int lb_stream_init(KVStream *s, const LbFmt *f, size_t aux_bytes, char *err, size_t errlen) {
@@ -817,6 +886,7 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
 
 void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const LbFmt *f = s->aux;
+    if (kernels_level() >= 3 && i8_path(s) && !accum_i16(s, p, ldp, nq, t0, t1, acc)) return;
     const int wide = kernels_level() > 1 && f->kind == LB_IDX4;
     if (kernels_level() == 0) {
         kv_accum_ref(s, p, ldp, nq, t0, t1, acc);

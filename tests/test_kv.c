@@ -97,30 +97,6 @@ Test(kv, round_trip_error) {
 
 static void fast_paths_check(void);
 
-/* What an integer accumulate path may add to float rounding: accum_err
- * times Σ_t |p_t · v_t[j]| over [t0, t1), at the level that has one. */
-static float int_accum_err(const KVStream *s, const float *p, int t0, int t1, int j) {
-    if (kernels_level() < 3 || !s->scheme->accum_err) return 0;
-    float y[KV_MAX_DIM];
-    double mag = 0;
-    for (int t = t0; t < t1; t++) {
-        s->scheme->dequant(s, t, y);
-        mag += fabs((double)p[t - t0] * y[j]);
-    }
-    return s->scheme->accum_err * (float)mag;
-}
-
-/* What an integer score path may add to float rounding: score_err times
- * ‖q‖·‖k_t‖ at the level that has one. */
-static float int_err(const KVStream *s, const float *q, int t) {
-    if (kernels_level() < 3 || !s->scheme->score_err) return 0;
-    float y[KV_MAX_DIM];
-    double qq = 0, kk = 0;
-    s->scheme->dequant(s, t, y);
-    for (int j = 0; j < s->d; j++) qq += (double)q[j] * q[j], kk += (double)y[j] * y[j];
-    return s->scheme->score_err * (float)sqrt(qq * kk);
-}
-
 /* Every scheme's score and accumulate against the reference read path, on
  * each instruction set this CPU has (AVX2 and AVX-512 paths differ). */
 Test(kv, fast_paths_match_reference) {
