@@ -45,9 +45,10 @@ typedef struct {
     uint8_t cb8[16];
     float cb8_s;
     /* and as the integer sums read it: cb16[i] = round(cb[i] · cb16_s),
-     * cb16_s = 1023 / max|cb|, entries 16-31 repeating 0-15 */
+     * cb16_s = 1023 / max|cb| (cb16_d = its inverse), entries 16-31
+     * repeating 0-15 */
     int16_t cb16[32];
-    float cb16_s;
+    float cb16_s, cb16_d;
 } LbFmt;
 
 /* Fills f; cb_scale multiplies the N(0,1) Lloyd-Max table (unused for q4_0). */

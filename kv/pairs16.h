@@ -1,7 +1,7 @@
 /* pairs16.h: the accumulate half of attention (acc_i += Σ_t p_i,t v_t) as
  * 16-bit integer dot products over pairs of positions, for the schemes
- * whose cached values are 8-bit integers times a float scale (q8's codes,
- * tbq4's codebook rounded to int8), on CPUs with AVX-512 VNNI.
+ * whose cached values are small integers times a float scale (q8's codes,
+ * tbq4's codebook rounded to 10 bits), on CPUs with AVX-512 VNNI.
  *
  * Data flow: kv_accum -> scheme's accumulate -> pairs16_accum. The scheme
  * supplies two always_inline functions: D(s, t, x) decodes position t into
@@ -19,7 +19,8 @@
  * where the float path widens 128 values to floats (16 instructions) and
  * issues 8 FMAs per head. The weights' rounding is relative to the span's
  * largest weight (2^-16 of it), far below the cached values' own error;
- * lane sums stay below 2^31 (127 · 32767 · 2 · P16_SPAN / 2).
+ * with values up to 1023, lane sums stay below 2^31 (1023 · 32767 ·
+ * P16_SPAN).
  *
  *   lanes of one group's two accumulators, j = the value within the group:
  *   lo: j = 0-3, 8-11, 16-19, 24-27     hi: j = 4-7, 12-15, 20-23, 28-31
@@ -41,7 +42,7 @@ typedef void (*Dec16)(const KVStream *s, int t, __m512i x[4]);
 /* Group g's scales at positions t..t+15 as floats, lanes outside mask k 0. */
 typedef __m512 (*Scale16)(const KVStream *s, int t, int g, __mmask16 k);
 
-/* lo/hi lanes back to values 0-15 (IDX0) and 16-31 (IDX1) of a group. */
+/* A group's lo/hi lanes back in order: values 0-15 to v0, 16-31 to v1. */
 PAIRS16 void p16_unpack(__m512 lo, __m512 hi, __m512 *v0, __m512 *v1) {
     const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),
                   i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);

@@ -20,11 +20,12 @@
  *   4. decode at long context: the cache of every layer and kv head filled
  *      directly with kv_stream_append (random vectors with the magnitudes of
  *      this model's k and v: the work does not depend on the values) to 8K
- *      and 32K positions, per scheme, then 1 untimed + 32 timed decode steps
- *      (16 above 8K positions), best of 2 such passes; the cache is
- *      truncated back between passes. "fill s" is the time the appends
- *      took (most threads): what storing that many positions costs in each
- *      scheme;
+ *      and 32K positions, for every scheme at once (about 7.8 GB at 32K for
+ *      f16, q8, q4 and tbq4), then passes of 1 untimed + 32 timed decode
+ *      steps (16 above 8K positions) taken scheme after scheme, best of 3
+ *      passes each; the cache is truncated back after each pass. "fill s"
+ *      is the time the appends took (most threads): what storing that many
+ *      positions costs in each scheme;
  *   5. section 3 again after converting the matmul weights to q8 blocks
  *      (model_quantize, what -wq q8 does), beside the stored-weights speed.
  * Decode rows give the roofline ratio: bytes read per token x tok/s divided
@@ -57,7 +58,7 @@
 #define PROMPT 16
 #define DECODE 128
 #define DECODE_REPS 3
-#define LONG_REPS 2 /* passes per scheme at long context, best kept */
+#define LONG_REPS 3 /* passes per scheme at long context, best kept */
 #define POOL 4096 /* random k/v vectors cycled through when filling caches */
 
 static double now(void) {
@@ -430,49 +431,62 @@ int main(int argc, char **argv) {
     /* v = Wv RMSNorm(x): unit-RMS input times N(0, 0.02^2) weights over hidden inputs */
     const float vscale = 0.02f * sqrtf((float)c->hidden);
     for (size_t i = 0; i < (size_t)POOL * c->head_dim; i++) kpool[i] = gauss(), vpool[i] = vscale * gauss();
-    printf("\n## Decode at long context: cache filled to CTX positions, then 1 + N single-token steps (best of %d)\n\n"
+    printf("\n## Decode at long context: cache filled to CTX positions, then 1 + N single-token steps (best of %d\n"
+           "passes, each scheme's taken in turn with the others')\n\n"
            "KV GB/token = the scheme's bytes per vector x mean positions x %d layers x %d kv heads x 2; "
            "roofline adds %.3f GB of weights\n\n"
            "| ctx | kv | threads | tok/s | vs f16 | KV GB/token | roofline | fill s |\n|---:|---|---:|---:|---:|---:|---:|---:|\n",
            LONG_REPS, c->n_layers, c->n_kv_heads, wbytes / 1e9);
     for (int ci = 0; ci < nc; ci++) {
         const int ctx = ctxs[ci], steps = ctx <= 8192 ? 32 : 16;
-        double f16_tps[MAX_LIST] = {0};
+        /* every scheme's cache filled first, then the passes taken in turn
+         * (scheme by scheme, each thread count), so that a change of load
+         * on the host during the section falls on every scheme alike */
+        KVCache kvs[MAX_LIST];
+        KVSpec sps[MAX_LIST];
+        const char *names[MAX_LIST];
+        double fill_s[MAX_LIST], tps[MAX_LIST][MAX_LIST] = {{0}};
+        int ns = 0;
         char list[256];
         snprintf(list, sizeof list, "%s", kv_list);
-        for (char *save, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
-            kv_open(m, &kv, name, ctx + 1 + steps, &sp);
+        for (char *save, *name = strtok_r(list, ",", &save); name && ns < MAX_LIST; name = strtok_r(NULL, ",", &save)) {
+            names[ns] = name;
+            kv_open(m, &kvs[ns], name, ctx + 1 + steps, &sps[ns]);
             double t0 = now();
-            kv_fill(&kv, ctx, kpool, vpool, maxt);
-            double fill_s = now() - t0;
-            const double kvb = kv_bytes_per_position(m, &sp) * (ctx + 1 + (steps + 1) / 2.0);
-            for (int i = 0; i < nt; i++) {
-                omp_set_num_threads(threads[i]);
-                /* best of LONG_REPS passes from the same filled cache */
-                double tps = 0;
-                for (int rep = 0; rep < LONG_REPS; rep++) {
+            kv_fill(&kvs[ns], ctx, kpool, vpool, maxt);
+            fill_s[ns++] = now() - t0;
+        }
+        for (int rep = 0; rep < LONG_REPS; rep++)
+            for (int k = 0; k < ns; k++)
+                for (int i = 0; i < nt; i++) {
+                    omp_set_num_threads(threads[i]);
                     int x = tok[0];
-                    forward(&models[i], &kv, &x, 1, logits);
-                    t0 = now();
-                    for (int s = 0; s < steps; s++) {
+                    forward(&models[i], &kvs[k], &x, 1, logits);
+                    const double t0 = now();
+                    for (int st = 0; st < steps; st++) {
                         x = argmax(logits, c->vocab_size);
-                        forward(&models[i], &kv, &x, 1, logits);
+                        forward(&models[i], &kvs[k], &x, 1, logits);
                     }
                     const double r = steps / (now() - t0);
-                    tps = r > tps ? r : tps;
-                    if (kv_cache_truncate(&kv, ctx)) fail(name, "truncate back to the filled context failed");
+                    tps[k][i] = r > tps[k][i] ? r : tps[k][i];
+                    if (kv_cache_truncate(&kvs[k], ctx)) fail(names[k], "truncate back to the filled context failed");
                 }
-                if (strcmp(name, "f16") == 0) f16_tps[i] = tps;
+        int f16 = -1;
+        for (int k = 0; k < ns; k++)
+            if (strcmp(names[k], "f16") == 0) f16 = k;
+        for (int k = 0; k < ns; k++) {
+            const double kvb = kv_bytes_per_position(m, &sps[k]) * (ctx + 1 + (steps + 1) / 2.0);
+            for (int i = 0; i < nt; i++) {
                 char vs[32] = "-";
-                if (f16_tps[i] > 0) snprintf(vs, sizeof vs, "%.2fx", tps / f16_tps[i]);
-                printf("| %d | %s | %d | %.2f | %s | %.3f | %.2f | ", ctx, name, threads[i], tps, vs, kvb / 1e9,
-                       (wbytes + kvb) * tps / 1e9 / bw[i]);
-                if (i == 0) printf("%.1f |\n", fill_s);
+                if (f16 >= 0) snprintf(vs, sizeof vs, "%.2fx", tps[k][i] / tps[f16][i]);
+                printf("| %d | %s | %d | %.2f | %s | %.3f | %.2f | ", ctx, names[k], threads[i], tps[k][i], vs, kvb / 1e9,
+                       (wbytes + kvb) * tps[k][i] / 1e9 / bw[i]);
+                if (i == 0) printf("%.1f |\n", fill_s[k]);
                 else printf(" |\n");
-                fflush(stdout);
             }
-            kv_cache_free(&kv);
         }
+        fflush(stdout);
+        for (int k = 0; k < ns; k++) kv_cache_free(&kvs[k]);
     }
     /* 5. short-context decode again with the matmul weights converted to
      * q8 (-wq q8); last, since it changes the loaded models */
