@@ -783,31 +783,15 @@ PAIRS16 __m512 tbq_scale16(const KVStream *s, int t, int g, __mmask16 k) {
     return _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), _mm512_set1_ps(f->cb16_d));
 }
 
-/* acc += Σ p v, summed aside over spans and added at the end: 0, or -1
- * with acc untouched when a weight is not finite. */
+/* acc += Σ p v in integers, added only once all of it is summed: 0, or
+ * -1 with acc untouched (the float path takes the call). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))) static int
 accum_i16(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const LbFmt *f = s->aux;
-    if (nq > 8) return -1;
     const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
                   hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
     __m512 sum[8][4][2];
-    for (int i = 0; i < nq; i++)
-        for (int g = 0; g < 4; g++) sum[i][g][0] = sum[i][g][1] = _mm512_setzero_ps();
-    for (int ta = t0; ta < t1; ta += P16_SPAN) {
-        const int n = t1 - ta < P16_SPAN ? t1 - ta : P16_SPAN;
-        for (int i0 = 0; i0 < nq; i0 += 2) {
-            const int NH = nq - i0 < 2 ? 1 : 2;
-            __m512 v[2][4][2];
-            const float *pi = p + (size_t)i0 * ldp + (ta - t0);
-            if (NH == 2 ? p16_span(s, tbq_dec16, tbq_scale16, 1, (size_t)f->vec_bytes, pi, ldp, 2, ta, n, v)
-                        : p16_span(s, tbq_dec16, tbq_scale16, 1, (size_t)f->vec_bytes, pi, ldp, 1, ta, n, v))
-                return -1;
-            for (int i = 0; i < NH; i++)
-                for (int g = 0; g < 4; g++)
-                    for (int h = 0; h < 2; h++) sum[i0 + i][g][h] = _mm512_add_ps(sum[i0 + i][g][h], v[i][g][h]);
-        }
-    }
+    if (p16_accum(s, tbq_dec16, tbq_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum)) return -1;
     /* even group e and odd group e + 2 hold values 64e + 2j and 64e + 2j + 1 */
     for (int i = 0; i < nq; i++)
         for (int e = 0; e < 2; e++)

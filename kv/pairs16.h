@@ -115,4 +115,29 @@ PAIRS16 int p16_span(const KVStream *s, Dec16 D, Scale16 S, const int G1, size_t
     return 0;
 }
 
+/* Whole range [t0, t1) for nq <= 8 heads, span by span, two heads at a
+ * time: sum[i][g][h] gets values 16h..16h+15 of head i's group g. Returns
+ * -1 when a weight is not finite (sum is then incomplete: the caller adds
+ * nothing and takes the float path). */
+PAIRS16 int p16_accum(const KVStream *s, Dec16 D, Scale16 S, const int G1, size_t rb, const float *p, int ldp, int nq,
+                      int t0, int t1, __m512 (*sum)[4][2]) {
+    if (nq > 8) return -1;
+    for (int i = 0; i < nq; i++)
+        for (int g = 0; g < 4; g++) sum[i][g][0] = sum[i][g][1] = _mm512_setzero_ps();
+    for (int ta = t0; ta < t1; ta += P16_SPAN) {
+        const int n = t1 - ta < P16_SPAN ? t1 - ta : P16_SPAN;
+        for (int i0 = 0; i0 < nq; i0 += 2) {
+            __m512 v[2][4][2];
+            const float *pi = p + (size_t)i0 * ldp + (ta - t0);
+            const int two = nq - i0 >= 2;
+            if (two ? p16_span(s, D, S, G1, rb, pi, ldp, 2, ta, n, v) : p16_span(s, D, S, G1, rb, pi, ldp, 1, ta, n, v))
+                return -1;
+            for (int i = 0; i < 1 + two; i++)
+                for (int g = 0; g < 4; g++)
+                    for (int h = 0; h < 2; h++) sum[i0 + i][g][h] = _mm512_add_ps(sum[i0 + i][g][h], v[i][g][h]);
+        }
+    }
+    return 0;
+}
+
 #endif

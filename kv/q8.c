@@ -343,28 +343,11 @@ PAIRS16 __m512 scale16(const KVStream *s, int t, int g, __mmask16 k) {
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
 }
 
-/* acc += Σ p v over spans of P16_SPAN positions, up to two heads at a
- * time, summed aside and added at the end: 0, or -1 with acc untouched
- * when a weight is not finite (the float path then takes the call). */
+/* acc += Σ p v in integers (pairs16.h), added only once all of it is
+ * summed: 0, or -1 with acc untouched (the float path takes the call). */
 VNNI static int accum_int(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
-    if (s->d != 128 || nq > 8) return -1;
     __m512 sum[8][4][2];
-    for (int i = 0; i < nq; i++)
-        for (int g = 0; g < 4; g++) sum[i][g][0] = sum[i][g][1] = _mm512_setzero_ps();
-    for (int ta = t0; ta < t1; ta += P16_SPAN) {
-        const int n = t1 - ta < P16_SPAN ? t1 - ta : P16_SPAN;
-        for (int i0 = 0; i0 < nq; i0 += 2) {
-            const int NH = nq - i0 < 2 ? 1 : 2;
-            __m512 v[2][4][2];
-            const float *pi = p + (size_t)i0 * ldp + (ta - t0);
-            if (NH == 2 ? p16_span(s, dec16, scale16, 0, row_bytes(s), pi, ldp, 2, ta, n, v)
-                        : p16_span(s, dec16, scale16, 0, row_bytes(s), pi, ldp, 1, ta, n, v))
-                return -1;
-            for (int i = 0; i < NH; i++)
-                for (int g = 0; g < 4; g++)
-                    for (int h = 0; h < 2; h++) sum[i0 + i][g][h] = _mm512_add_ps(sum[i0 + i][g][h], v[i][g][h]);
-        }
-    }
+    if (s->d != 128 || p16_accum(s, dec16, scale16, 0, row_bytes(s), p, ldp, nq, t0, t1, sum)) return -1;
     for (int i = 0; i < nq; i++)
         for (int g = 0; g < 4; g++)
             for (int h = 0; h < 2; h++) {
