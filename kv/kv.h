@@ -78,9 +78,11 @@ typedef struct KVScheme {
      * other head dims, non-finite queries). 0 / NULL for float schemes. */
     float score_err;
     int (*score_int)(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
-    /* Likewise for accum: at kernels_level() >= 3 q8 rounds the weights
-     * p_t · scale to 16-bit integers per span of positions (vpdpwssd);
-     * accum_err bounds what that adds, as a share of Σ_t |p_t · v_t[j]|. */
+    /* Likewise for accum: at kernels_level() >= 3 q8 and tbq4 round the
+     * weights p_t · scale to 16-bit integers per span of positions
+     * (vpdpwssd, kv/pairs16.h); accum_err bounds what that adds, as a
+     * share of Σ_t |p_t · v_t[j]|, and the tests hold the kernel to the
+     * float reference within it. */
     float accum_err;
 } KVScheme;
 

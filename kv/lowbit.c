@@ -1,6 +1,6 @@
 /* lowbit.c: code packing, block encode/decode and the AVX2 / AVX-512
  * score and accumulate kernels of the packed low-bit KV schemes (layouts in
- * lowbit.h). The plain C path is kv.c's reference over lb_dequant.
+ * lowbit.h), with integer (AVX-512 VNNI) ones for tbq4's shape at the end. The plain C path is kv.c's reference over lb_dequant.
  *
  * AVX2 decodes 8 codes with a 32-bit broadcast of the bytes holding them, a
  * per-lane variable shift that moves code k to the bottom of lane k, and

@@ -1,7 +1,8 @@
 /* tbq4.c: 4-bit TurboQuant KV blocks. Each 128 values of a head are
  * rotated by the signed Hadamard transform, their unit direction is
  * quantized to 4-bit Lloyd-Max indices and one norm-corrected fp16 scale is
- * kept; attention scores and sums in the rotated domain (tbq_common.h).
+ * kept; attention scores and sums in the rotated domain (tbq_common.h),
+ * with AVX-512 VNNI as integer dot products (lowbit.c).
  *
  *   | fp16 d | qs[64]: qs[j/2] = idx[j] | idx[j+1] << 4 |   66 B per 128 values, 4.125 bits
  *

@@ -153,7 +153,8 @@ static void fast_paths_check(void) {
  * steps), for 1..6 heads and ranges off the 4-position steps; the twin
  * stays within score_err of the float reference, on Gaussian queries and
  * on queries with a few large components, as real ones have; a query with
- * a NaN or an infinity takes the float path. */
+ * a NaN or an infinity takes the float path. Integer sums (accum_err) stay
+ * within their allowance of the float reference on softmax-like weights. */
 Test(kv, integer_scores_match_their_twin) {
     if (kernels_set_isa("avx512vnni")) return; /* no VNNI here */
     const int d = 128, n = 203;
