@@ -313,6 +313,12 @@ int main(int argc, char **argv) {
         if (nt < 1 || nc < 1) return usage();
     }
     if (!dir) return usage();
+    int nkv = 1;
+    for (const char *k = kv_list; *k; k++) nkv += *k == ',';
+    if (nkv > MAX_LIST || strlen(kv_list) >= 256) {
+        fprintf(stderr, "bench: --kv: expected at most %d schemes in under 256 characters, found %d\n", MAX_LIST, nkv);
+        return 2;
+    }
     int maxt = 1;
     for (int i = 0; i < nt; i++) maxt = threads[i] > maxt ? threads[i] : maxt;
 
@@ -449,7 +455,7 @@ int main(int argc, char **argv) {
         int ns = 0;
         char list[256];
         snprintf(list, sizeof list, "%s", kv_list);
-        for (char *save, *name = strtok_r(list, ",", &save); name && ns < MAX_LIST; name = strtok_r(NULL, ",", &save)) {
+        for (char *save, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
             names[ns] = name;
             kv_open(m, &kvs[ns], name, ctx + 1 + steps, &sps[ns]);
             double t0 = now();
