@@ -14,6 +14,7 @@
  * (or two bf16 halves of each) and it measured half the FMA rate here.
  */
 #include "kernels/matmul.h"
+#include "kernels/quant32.h"
 #include "kernels/half.h"
 #include "kernels/hsum.h"
 
@@ -150,20 +151,6 @@ void weight_row(const Weight *w, int r, float *out) {
     for (int j = 0; j < w->cols; j++) out[j] = wval(w, base + (size_t)j);
 }
 
-/* Activations for DT_Q8I, one 32-value block x[32] by q8_0's scale d =
- * max|x| / 127, the codes rounded to nearest even (lrintf: one instruction,
- * where ggml's roundf is a libm call) into q[32]; returns d. *bias =
- * -128 * sum(q) cancels the +128 the weight codes carry. */
-static float quantize_x32(const float *x, int8_t *q, int32_t *bias) {
-    float amax = 0;
-    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-    const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-    int32_t sum = 0;
-    for (int j = 0; j < 32; j++) sum += q[j] = (int8_t)lrintf(x[j] * id);
-    *bias = -128 * sum;
-    return d;
-}
-
 /* The DT_Q8I reference: per block an exact integer dot, then one fma with
  * the product of the two scales, blocks in order, which is what every lane
  * of the VNNI kernel does. */
@@ -178,7 +165,7 @@ static void matmul_q8i_ref(float *y, const float *x, const Weight *w, int n) {
             for (int b = 0; b < nb; b++) {
                 int8_t q[32];
                 int32_t dot;
-                const float dx = quantize_x32(x + (size_t)i * in + b * 32, q, &dot);
+                const float dx = quantize32_ref(x + (size_t)i * in + b * 32, q, &dot);
                 for (int j = 0; j < 32; j++) dot += t[(size_t)(b * 8 + j / 4) * 64 + (o % 16) * 4 + j % 4] * q[j];
                 acc = fmaf((float)dot, w->scale[((size_t)(o / 16) * nb + b) * 16 + o % 16] * dx, acc);
             }
@@ -490,22 +477,6 @@ int matmul_has_q8i(void) { return isa() == ISA_VNNI; }
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma"), always_inline)) static inline
 
-/* quantize_x32 in vector form, the same numbers for finite x: the max and
- * the sum are exact in any order, the scale is the same scalar arithmetic,
- * and vcvtps2dq rounds to nearest even as lrintf does. */
-VNNI float quantize_x32_512(const float *x, int8_t *q, int32_t *bias) {
-    const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-    const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-    const __m512 vid = _mm512_set1_ps(id);
-    const __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(lo, vid)), qh = _mm512_cvtps_epi32(_mm512_mul_ps(hi, vid));
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(ql));
-    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qh));
-    /* unsigned: a NaN activation (garbage either way) must not overflow */
-    *bias = (int32_t)(0u - 128u * (uint32_t)_mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh)));
-    return d;
-}
-
 /* Rows [o, o + 16) for T tokens from i: qx [n, in] codes, dx and bias
  * [n, in / 32] per block. pf: prefetch the tile's bytes ahead (the first
  * token group reads them from memory). */
@@ -565,7 +536,7 @@ matmul_q8i(float *const *y, const Weight *const *w, int count, const float *x, i
     int8_t *qx = (int8_t *)buf;
     float *dx = buf + code_floats;
     int32_t *bias = (int32_t *)(dx + (size_t)n * nb);
-    for (size_t b = 0; b < (size_t)n * nb; b++) dx[b] = quantize_x32_512(x + b * 32, qx + b * 32, &bias[b]);
+    for (size_t b = 0; b < (size_t)n * nb; b++) dx[b] = quantize32_512(x + b * 32, qx + b * 32, &bias[b]);
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < first[count]; c++) {
         int o0, o1;

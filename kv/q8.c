@@ -16,6 +16,7 @@
  */
 #include "kernels/half.h"
 #include "kernels/matmul.h"
+#include "kernels/quant32.h"
 #include "kv/block32_avx2.h"
 #include "kv/kv.h"
 #include "kv/pairs16.h"
@@ -144,10 +145,10 @@ TILE512_KERNELS(block512, row_bytes(s))
 
 /* ---- integer scores (AVX-512 VNNI) ----------------------------------------
  * Where the CPU has VNNI and d = 128, scores are llama.cpp's q8_0 x q8_0
- * dot product: each query is rounded to q8_0 blocks once per call (per 32
- * values a scale d_q = max|q| / 127 and int8 codes, rounded to nearest
- * even), the cached codes are moved to u8 by flipping their sign bit
- * (k + 128) and vpdpbusd adds 4 products per lane. Two blocks fill a
+ * dot product: each query is rounded to q8_0 blocks once per call
+ * (kernels/quant32.h, as the drafter rounds its activations), the cached
+ * codes are moved to u8 by flipping their sign bit (k + 128) and vpdpbusd
+ * adds 4 products per lane. Two blocks fill a
  * register (lanes 0-7 and 8-15); the accumulator starts at -128 Σ q of
  * each block, which takes the +128 back off, and each lane's integer sum is
  * scaled by its block's d_k · d_q. Per position that is about 14
@@ -164,31 +165,16 @@ TILE512_KERNELS(block512, row_bytes(s))
 /* One head's query in q8_0 blocks, as the integer score reads it. */
 typedef struct {
     int8_t c[128];
-    float dq[4];       /* block scales, 0 for an all-zero block */
+    float dq[4];         /* block scales d_q, 0 for an all-zero block */
     int32_t bias[2][16]; /* accumulator starts: -128 Σ c of a block in its first lane */
 } Q8Query;
 
-/* 127 / max|x| over one block: -1 for a non-finite value, 0 for all zero. */
-static float block_scale(const float *x) {
-    float m = 0;
-    for (int j = 0; j < QK; j++) {
-        if (!isfinite(x[j])) return -1;
-        m = fmaxf(m, fabsf(x[j]));
-    }
-    return m > 0 ? 127.0f / m : 0;
-}
-
 /* 0, or -1 when q has a non-finite value (the float path takes it). */
 static int q8_query_ref(const float *q, Q8Query *o) {
+    for (int j = 0; j < 128; j++)
+        if (!isfinite(q[j])) return -1;
     memset(o->bias, 0, sizeof o->bias);
-    for (int b = 0; b < 4; b++) {
-        const float s = block_scale(q + QK * b);
-        if (s < 0) return -1;
-        int32_t sum = 0;
-        for (int j = 0; j < QK; j++) sum += o->c[QK * b + j] = (int8_t)lrintf(q[QK * b + j] * s);
-        o->dq[b] = s > 0 ? 1.0f / s : 0;
-        o->bias[b / 2][8 * (b % 2)] = -128 * sum;
-    }
+    for (int b = 0; b < 4; b++) o->dq[b] = quantize32_ref(q + QK * b, o->c + QK * b, &o->bias[b / 2][8 * (b % 2)]);
     return 0;
 }
 
@@ -233,21 +219,13 @@ static int q8_score_int(const KVStream *s, const float *q, int nq, int t0, int t
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define VNNI_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"), always_inline)) static inline
 
-/* q8_query_ref in 16 lanes: the same scales, products and rounding. */
+/* q8_query_ref in 16 lanes: the same codes and scales (quant32.h). */
 VNNI_INLINE int q8_query(const float *q, Q8Query *o) {
+    __mmask16 bad = 0;
+    for (int j = 0; j < 128; j += 16) bad |= _mm512_fpclass_ps_mask(_mm512_loadu_ps(q + j), 0x99); /* NaN, ±inf */
+    if (bad) return -1;
     memset(o->bias, 0, sizeof o->bias);
-    for (int b = 0; b < 4; b++) {
-        const __m512 x0 = _mm512_loadu_ps(q + QK * b), x1 = _mm512_loadu_ps(q + QK * b + 16);
-        if (_mm512_fpclass_ps_mask(x0, 0x99) | _mm512_fpclass_ps_mask(x1, 0x99)) return -1; /* NaN, ±inf */
-        const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-        const float s = m > 0 ? 127.0f / m : 0;
-        const __m512 sv = _mm512_set1_ps(s);
-        const __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, sv)), c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, sv));
-        _mm_storeu_si128((__m128i *)(o->c + QK * b), _mm512_cvtepi32_epi8(c0));
-        _mm_storeu_si128((__m128i *)(o->c + QK * b + 16), _mm512_cvtepi32_epi8(c1));
-        o->dq[b] = s > 0 ? 1.0f / s : 0;
-        o->bias[b / 2][8 * (b % 2)] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
-    }
+    for (int b = 0; b < 4; b++) o->dq[b] = quantize32_512(q + QK * b, o->c + QK * b, &o->bias[b / 2][8 * (b % 2)]);
     return 0;
 }
 
