@@ -217,9 +217,9 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
  *
  * One step takes 32 weights of a row as two 16-lane f32 vectors lo, hi and
  * does acc = fma(lo, x_lo, acc); acc = fma(hi, x_hi, acc). For bf16 the
- * 64-byte load is 16 lanes of |w[2l+1]|w[2l]| pairs, widened in two
- * instructions: lo = lane << 16 (the even columns), hi = lane & 0xFFFF0000
- * (the odd ones). x must then come in the same order, so bf16 matmuls first
+ * 64-byte load is 16 lanes of |w[2l+1]|w[2l]| pairs, widened as
+ * lo = lane << 16 (the even columns) and hi = the lane with its low word
+ * zeroed (the odd ones). x must then come in the same order, so bf16 matmuls first
  * split every 32-column block of x into |16 even|16 odd| (split_rows);
  * f16, f32 and q8 weights widen in column order and use x as it is.
  * The tail (cols % 32) is summed in plain C after the horizontal reduction. */
@@ -238,9 +238,14 @@ AVX512 void ld32(const void *p, const float *sc, size_t idx, DType dt, __m512 *l
         *lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + idx)));
         *hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + idx + 16)));
     } else {
-        __m512i v = _mm512_loadu_si512((const uint16_t *)p + idx);
-        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-        *hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+        /* hi is a zero-masked load of the odd words: no ALU work, so one
+         * shift and two FMAs per 64 bytes instead of a shift, an and and two
+         * FMAs. Decode streams weights with only a few cycles per line to
+         * spare, and the and cost 0.6B decode 10% (26.3 -> 29.4 GB/s of
+         * matmuls at 2 threads, against 31 for a plain read loop). */
+        const uint16_t *q = (const uint16_t *)p + idx;
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(q), 16));
+        *hi = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xAAAAAAAAu, q));
     }
 }
 
