@@ -423,22 +423,27 @@ static int chunk_of(const int *first, const Weight *const *w, int c, int *o0, in
  * weights as with a static split, and the one the memory serves faster
  * finishes the other's tail instead of waiting at the join. A run is
  * |hi 32|lo 32| in one atomic word, so an owner and a thief never both get
- * a chunk. (OpenMP's guided schedule gave one thread half of all chunks in
- * its first grab: on 0.6B decode at 2 threads the threads finished 4.0 ms
- * per token apart with it, 1.8 ms with this.) */
+ * a chunk; each word has a cache line to itself, or every take would
+ * evict the other threads' copies. (OpenMP's guided schedule gave one
+ * thread half of all chunks in its first grab: on 0.6B decode at 2 threads
+ * the threads finished 4.0 ms per token apart with it, 1.8 ms with this.) */
 #define RUNS_MAX 64
 
-static void runs_init(_Atomic uint64_t *run, int nruns, int total) {
+typedef struct {
+    _Alignas(64) _Atomic uint64_t w;
+} Run;
+
+static void runs_init(Run *run, int nruns, int total) {
     for (int r = 0; r < nruns; r++) {
         uint64_t lo = (uint64_t)total * r / nruns, hi = (uint64_t)total * (r + 1) / nruns;
-        atomic_init(&run[r], hi << 32 | lo);
+        atomic_init(&run[r].w, hi << 32 | lo);
     }
 }
 
 /* The next chunk for thread me, or -1 when every run is empty. */
-static int runs_next(_Atomic uint64_t *run, int nruns, int me) {
+static int runs_next(Run *run, int nruns, int me) {
     for (int k = 0; k < nruns; k++) {
-        _Atomic uint64_t *r = &run[(me + k) % nruns];
+        _Atomic uint64_t *r = &run[(me + k) % nruns].w;
         uint64_t cur = atomic_load_explicit(r, memory_order_relaxed), nxt;
         uint32_t lo, hi;
         do {
@@ -479,7 +484,7 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
     /* a few rows are split before the team starts, saving it a barrier */
     const int split_alone = (size_t)n * in <= 16384;
     if (split && split_alone) split_rows(xs, x, 0, n, in);
-    _Atomic uint64_t run[RUNS_MAX];
+    Run run[RUNS_MAX];
     const int nruns = threads < RUNS_MAX ? threads : RUNS_MAX;
     runs_init(run, nruns, first[count]);
 #pragma omp parallel num_threads(threads)
@@ -579,7 +584,7 @@ matmul_q8i(float *const *y, const Weight *const *w, int count, const float *x, i
     int32_t *bias = (int32_t *)(dx + (size_t)n * nb);
     for (size_t b = 0; b < (size_t)n * nb; b++) dx[b] = quantize32_512(x + b * 32, qx + b * 32, &bias[b]);
     const int threads = omp_get_max_threads(), nruns = threads < RUNS_MAX ? threads : RUNS_MAX;
-    _Atomic uint64_t run[RUNS_MAX];
+    Run run[RUNS_MAX];
     runs_init(run, nruns, first[count]);
 #pragma omp parallel num_threads(threads)
     {
