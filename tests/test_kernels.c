@@ -5,6 +5,7 @@
  * leak between tests.) */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -238,6 +239,47 @@ Test(kernels, matmul_multi_equals_separate_matmuls) {
             }
             free(x);
         }
+    }
+}
+
+/* Threads share a projection's 64-row chunks through runs they steal from
+ * one another (kernels/matmul.c): whatever the team size, every row is
+ * computed exactly once and by the same code, so the output is the one
+ * thread's bit for bit, and no row keeps the NaN written before. Team sizes
+ * beyond the cores force the interleavings; 70 is more teams than runs
+ * (RUNS_MAX 64), 3 and 8 more than some matrices have chunks. Also the
+ * drafter's DT_Q8I matrices, which share the same split. */
+Test(kernels, matmul_threads_compute_every_row_once) {
+    const int rows[] = {1, 65, 1008}, threads[] = {3, 8, 70}, in = 96;
+    for (size_t k = 2; k < NISA; k++) {
+        if (kernels_set_isa(isas[k])) continue;
+        for (int ri = 0; ri < 3; ri++)
+            for (int n = 1; n <= 17; n += 16) {
+                void *mem;
+                Weight w = make_weight(DT_BF16, rows[ri], in, &mem), q = {0};
+                const int q8i = matmul_has_q8i() && rows[ri] % 16 == 0;
+                if (q8i) cr_assert_eq(weight_quantize_q8i(&w, &q), 0);
+                float *x = malloc(sizeof(float) * n * in), *one = malloc(sizeof(float) * n * rows[ri]),
+                      *got = malloc(sizeof(float) * n * rows[ri]);
+                for (int i = 0; i < n * in; i++) x[i] = frand();
+                for (int v = 0; v < 1 + q8i; v++) {
+                    const Weight *wv = v ? &q : &w;
+                    omp_set_num_threads(1);
+                    cr_assert_eq(matmul_reserve(n, in), 0);
+                    matmul(one, x, wv, n);
+                    for (int ti = 0; ti < 3; ti++) {
+                        omp_set_num_threads(threads[ti]);
+                        cr_assert_eq(matmul_reserve(n, in), 0);
+                        for (int i = 0; i < n * rows[ri]; i++) got[i] = NAN;
+                        matmul(got, x, wv, n);
+                        cr_expect(memcmp(got, one, sizeof(float) * n * rows[ri]) == 0,
+                                  "%s %s rows %d n %d: %d threads differ from one", isas[k], v ? "q8i" : "bf16",
+                                  rows[ri], n, threads[ti]);
+                    }
+                }
+                if (q8i) weight_free(&q);
+                free(x), free(one), free(got), free(mem);
+            }
     }
 }
 
