@@ -518,7 +518,11 @@ int main(int argc, char **argv) {
                  cfg.vocab_size, tok_vocab_size(&tok));
         bad = 1;
     }
-    if (!bad && model_load(&m, dir, err, sizeof err)) bad = 1;
+    /* weights read into memory (faster decode) unless RUN_MMAP=1, or -wq q8
+     * converts them anyway (a copy would only leave the originals resident) */
+    const char *keep = getenv("RUN_MMAP");
+    const int mapped = a.wq_q8 || (keep && strcmp(keep, "1") == 0);
+    if (!bad && model_load(&m, dir, mapped ? MODEL_MAPPED : 0, err, sizeof err)) bad = 1;
     if (!bad && a.wq_q8) {
         double t0 = now();
         if (model_quantize(&m, MODEL_MAIN, err, sizeof err)) {
@@ -569,10 +573,10 @@ int main(int argc, char **argv) {
     if (rc == 0 && is_compare) {
         CompareRow rows[64];
         /* the reference keeps the stored weights: a second load of the same
-         * files (the mmap shares their pages) when m was converted */
+         * files, mapped (it shares their pages with m's) when m was converted */
         Model ref;
         int two = a.wq_q8;
-        if (two && model_load(&ref, dir, err, sizeof err)) {
+        if (two && model_load(&ref, dir, MODEL_MAPPED, err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);
             rc = 1;
             two = 0;

@@ -153,7 +153,7 @@ static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen)
     if (!nf) { munmap(map, size); snprintf(err, errlen, "out of memory"); return -1; }
     ts->files = nf;
     int fi = ts->n_files++;
-    ts->files[fi] = (STFile){strdup(path), map, size};
+    ts->files[fi] = (STFile){.path = strdup(path), .map = map, .size = size};
 
     const uint8_t *bytes = map;
     uint64_t hlen = 0;
@@ -301,10 +301,65 @@ int st_open_dir(TensorStore *ts, const char *dir, char *err, size_t errlen) {
     return rc;
 }
 
+/* The first size bytes of path into dst: 0, or -1 (short or failed read). */
+static int read_all(const char *path, uint8_t *dst, size_t size) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    size_t done = 0;
+    while (done < size) {
+        ssize_t r = pread(fd, dst + done, size - done, (off_t)done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        done += (size_t)r;
+    }
+    close(fd);
+    return done == size ? 0 : -1;
+}
+
+int st_to_memory(TensorStore *ts) {
+    const size_t huge = (size_t)2 << 20;
+    size_t total = 0;
+    for (int f = 0; f < ts->n_files; f++) total += ts->files[f].size;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    int moved = 0;
+    for (int f = 0; f < ts->n_files; f++) moved += ts->files[f].region != NULL;
+    if (pages > 0 && page > 0 && total > (size_t)pages / 2 * (size_t)page) return moved;
+    for (int f = 0; f < ts->n_files; f++) {
+        STFile *F = &ts->files[f];
+        if (F->region) continue;
+        /* one huge page more than the file, so the copy can start on a
+         * huge-page boundary */
+        const size_t len = F->size + huge;
+        void *region = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (region == MAP_FAILED) return moved;
+        uint8_t *dst = (uint8_t *)(((uintptr_t)region + huge - 1) & ~(uintptr_t)(huge - 1));
+        madvise(dst, F->size, MADV_HUGEPAGE); /* advice: 4 KB pages still work */
+        /* read(), not a copy from the mapping: no page faults on the source
+         * (measured 2.1 s for 1.2 GB with memcpy) */
+        if (read_all(F->path, dst, F->size)) {
+            munmap(region, len);
+            continue;
+        }
+        mprotect(region, len, PROT_READ);
+        const uint8_t *old = F->map;
+        for (int i = 0; i < ts->n_tensors; i++) {
+            STensor *t = &ts->tensors[i];
+            const uint8_t *d = t->data;
+            /* tensors copied for alignment live elsewhere and stay */
+            if (t->file == f && d >= old && d <= old + F->size) t->data = dst + (d - old);
+        }
+        munmap(F->map, F->size);
+        F->map = dst, F->region = region, F->region_len = len;
+        moved++;
+    }
+    return moved;
+}
+
 void st_close(TensorStore *ts) {
     for (int i = 0; i < ts->n_tensors; i++) free(ts->tensors[i].name);
     for (int i = 0; i < ts->n_files; i++) {
-        munmap(ts->files[i].map, ts->files[i].size);
+        if (ts->files[i].region) munmap(ts->files[i].region, ts->files[i].region_len);
+        else munmap(ts->files[i].map, ts->files[i].size);
         free(ts->files[i].path);
     }
     for (int i = 0; i < ts->n_copies; i++) free(ts->copies[i]);

@@ -2,7 +2,7 @@
  *
  * Data flow: model/ opens a model directory here, then asks for each tensor
  * by name; the data pointer points into the mapping (weights are used in
- * place), except for tensors whose bytes are not aligned to their element
+ * place, or in one copy per file: st_to_memory), except for tensors whose bytes are not aligned to their element
  * size, which are copied once so that 16/32-bit loads stay legal C.
  *
  * File format (https://github.com/huggingface/safetensors):
@@ -35,8 +35,10 @@ typedef struct {
 
 typedef struct {
     char *path;
-    void *map;
+    void *map;      /* the file's bytes: its mapping, or a copy (st_to_memory) */
     size_t size;
+    void *region;   /* the copy's anonymous mapping, NULL while map is the file's */
+    size_t region_len;
 } STFile;
 
 typedef struct {
@@ -55,6 +57,14 @@ typedef struct {
 int st_open_dir(TensorStore *ts, const char *dir, char *err, size_t errlen);
 /* Opens a single .safetensors file (used by tests and tools). */
 int st_open_file(TensorStore *ts, const char *path, char *err, size_t errlen);
+/* Moves every file's bytes into anonymous memory that asks for transparent
+ * huge pages (2 MB; madvise) and drops the file mappings; tensor pointers
+ * follow. Decode streams all weights once per token, and with 4 KB pages
+ * every 4 KB of them costs a TLB miss: on a 1.2 GB checkpoint the copy made
+ * the matmuls of a decoded token 6-9% faster. Files stay mapped when
+ * together they exceed half the physical memory, or when the memory cannot
+ * be had. Returns how many files are now copies. */
+int st_to_memory(TensorStore *ts);
 const STensor *st_find(const TensorStore *ts, const char *name);
 void st_close(TensorStore *ts);
 

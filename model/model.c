@@ -212,9 +212,10 @@ static int load_mtp(Model *m, char *err, size_t errlen) {
     return 0;
 }
 
-int model_load(Model *m, const char *dir, char *err, size_t errlen) {
+int model_load(Model *m, const char *dir, int flags, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     if (config_load(&m->cfg, dir, err, errlen) || st_open_dir(&m->ts, dir, err, errlen)) return -1;
+    if (!(flags & MODEL_MAPPED)) st_to_memory(&m->ts);
     const Config *c = &m->cfg;
     int H = c->hidden, V = c->vocab_size;
     m->layers = calloc((size_t)c->n_layers, sizeof(Layer));

@@ -66,8 +66,13 @@ typedef struct {
     float *trace_q;
 } Model;
 
-/* Loads dir (config.json + safetensors). 0 ok, -1 with one line in err. */
-int model_load(Model *m, const char *dir, char *err, size_t errlen);
+/* Loads dir (config.json + safetensors). The weights are read into memory
+ * in huge pages (st_to_memory: faster decode, a copy of the files) unless
+ * flags has MODEL_MAPPED, which reads them where the files are mapped (no
+ * copy: for weights about to be converted, or a second load of the same
+ * files). 0 ok, -1 with one line in err. */
+enum { MODEL_MAPPED = 1 };
+int model_load(Model *m, const char *dir, int flags, char *err, size_t errlen);
 /* Converts matmul weights to q8 blocks (DT_Q8, kernels/matmul.h) after
  * model_load: MODEL_MAIN the decoder layers' projections and lm_head (a tied
  * model keeps its embedding for lookups and gets a q8 lm_head beside it),

@@ -313,7 +313,7 @@ Test(load, fuzz_headers_and_configs) {
         spit(p, b, n);
         spit(c, cb, cn);
         Model m;
-        if (model_load(&m, d, err, sizeof err) == 0) {
+        if (model_load(&m, d, 0, err, sizeof err) == 0) {
             loaded++;
             model_free(&m);
         } else {

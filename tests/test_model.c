@@ -14,7 +14,7 @@ static void open_model(Model *m, KVCache *kv, const char *fixture, const char *s
     char dir[256], err[512];
     KVSpec spec;
     snprintf(dir, sizeof dir, "tests/data/fixtures/%s", fixture);
-    cr_assert_eq(model_load(m, dir, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_load(m, dir, 0, err, sizeof err), 0, "%s", err);
     cr_assert_eq(kv_spec_parse(scheme, &spec, err, sizeof err), 0, "%s", err);
     cr_assert_eq(model_kv_init(m, kv, &spec, ctx, 0, err, sizeof err), 0, "%s", err);
 }
@@ -91,6 +91,54 @@ Test(model, batching_does_not_change_logits) {
     }
 }
 
+/* model_load copies the weights into huge-page memory (st_to_memory): every
+ * tensor keeps its bytes and points into its file's copy (or, unaligned,
+ * at its own copy); a second call moves nothing; MODEL_MAPPED keeps the
+ * file mappings, with the same logits to the bit. */
+Test(model, weights_in_memory_match_the_files) {
+    TensorStore a, b;
+    char err[512];
+    cr_assert_eq(st_open_dir(&a, "tests/data/fixtures/small", err, sizeof err), 0, "%s", err);
+    cr_assert_eq(st_open_dir(&b, "tests/data/fixtures/small", err, sizeof err), 0, "%s", err);
+    cr_assert_eq(a.n_files, 2, "the small fixture has two shards");
+    cr_expect_eq(st_to_memory(&a), 2);
+    for (int i = 0; i < a.n_tensors; i++) {
+        const STensor *t = &a.tensors[i], *u = &b.tensors[i];
+        const STFile *f = &a.files[t->file], *g = &b.files[u->file];
+        const uint8_t *d = t->data, *e = u->data;
+        const int in_file = e >= (const uint8_t *)g->map && e <= (const uint8_t *)g->map + g->size;
+        cr_expect(f->region != NULL, "%s: file %d not copied", t->name, t->file);
+        if (in_file)
+            cr_expect(d >= (const uint8_t *)f->map && d <= (const uint8_t *)f->map + f->size &&
+                          d - (const uint8_t *)f->map == e - (const uint8_t *)g->map,
+                      "%s: not at its offset in the copy", t->name);
+        cr_expect(memcmp(d, e, t->nbytes) == 0, "%s: bytes differ after the copy", t->name);
+    }
+    const void *first = a.tensors[0].data;
+    cr_expect_eq(st_to_memory(&a), 2);
+    cr_expect_eq(a.tensors[0].data, first, "a second call moved the weights again");
+    st_close(&a);
+    st_close(&b);
+
+    Model m[2];
+    KVCache kv[2];
+    int ids[16];
+    for (int i = 0; i < 16; i++) ids[i] = 7 + 31 * i;
+    float *lg[2];
+    KVSpec spec;
+    cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(model_load(&m[k], "tests/data/fixtures/small", k ? MODEL_MAPPED : 0, err, sizeof err), 0, "%s",
+                     err);
+        cr_assert_eq(model_kv_init(&m[k], &kv[k], &spec, 64, 0, err, sizeof err), 0, "%s", err);
+        cr_expect_eq(m[k].ts.files[0].region == NULL, k, "MODEL_MAPPED %d", k);
+        lg[k] = malloc(sizeof(float) * 16 * m[k].cfg.vocab_size);
+        cr_assert_eq(model_forward(&m[k], &kv[k], ids, 16, lg[k], 1, NULL, err, sizeof err), 0, "%s", err);
+    }
+    cr_expect(memcmp(lg[0], lg[1], sizeof(float) * 16 * m[0].cfg.vocab_size) == 0, "logits differ when mapped");
+    for (int k = 0; k < 2; k++) free(lg[k]), kv_cache_free(&kv[k]), model_free(&m[k]);
+}
+
 Test(model, context_overflow_is_an_error) {
     Model m;
     KVCache kv;
@@ -120,7 +168,7 @@ Test(model, yarn_rope_scaling_from_config) {
              dir, dir, dir);
     cr_assert_eq(system(cmd), 0);
     Model m;
-    cr_assert_eq(model_load(&m, dir, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_load(&m, dir, 0, err, sizeof err), 0, "%s", err);
     int half = m.cfg.head_dim / 2;
     cr_expect_eq(m.cfg.rope_type, ROPE_YARN);
     for (int i = 0; i < half; i++) {

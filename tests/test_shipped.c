@@ -16,7 +16,7 @@
 Test(shipped, loads_with_mtp_head) {
     Model m;
     char err[512];
-    cr_assert_eq(model_load(&m, SHIPPED_DIR, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_load(&m, SHIPPED_DIR, 0, err, sizeof err), 0, "%s", err);
     cr_expect(m.has_mtp, "the shipped model should carry its MTP module");
     cr_expect_eq(m.cfg.head_dim, 128);
     cr_expect(m.cfg.n_heads >= 2 * m.cfg.n_kv_heads, "GQA with >= 2 q heads per kv head");
@@ -29,7 +29,7 @@ Test(shipped, loads_with_mtp_head) {
 static int open_golden(Model *m, KVCache *kv, KVCache *mkv, int *ids) {
     KVSpec spec;
     char err[512];
-    cr_assert_eq(model_load(m, SHIPPED_DIR, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_load(m, SHIPPED_DIR, 0, err, sizeof err), 0, "%s", err);
     cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
     cr_assert_eq(model_kv_init(m, kv, &spec, 512, 0, err, sizeof err), 0, "%s", err);
     if (mkv) cr_assert_eq(model_kv_init(m, mkv, &spec, 512, 1, err, sizeof err), 0, "%s", err);
