@@ -2,8 +2,9 @@
  *
  * Data flow: model/ opens a model directory here, then asks for each tensor
  * by name; the data pointer points into the mapping (weights are used in
- * place, or in one copy per file: st_to_memory), except for tensors whose bytes are not aligned to their element
- * size, which are copied once so that 16/32-bit loads stay legal C.
+ * place, or in one copy per file: st_to_memory), except for tensors whose
+ * bytes are not aligned to their element size, which are copied once so
+ * that 16/32-bit loads stay legal C.
  *
  * File format (https://github.com/huggingface/safetensors):
  *   | u64 LE header length N | N bytes of JSON header | data ... |

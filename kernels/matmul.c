@@ -221,9 +221,10 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
  * does acc = fma(lo, x_lo, acc); acc = fma(hi, x_hi, acc). For bf16 the
  * 64-byte load is 16 lanes of |w[2l+1]|w[2l]| pairs, widened as
  * lo = lane << 16 (the even columns) and hi = the lane with its low word
- * zeroed (the odd ones). x must then come in the same order, so bf16 matmuls first
- * split every 32-column block of x into |16 even|16 odd| (split_rows);
- * f16, f32 and q8 weights widen in column order and use x as it is.
+ * zeroed (the odd ones). x must then come in the same order, so bf16
+ * matmuls first split every 32-column block of x into |16 even|16 odd|
+ * (split_rows); f16, f32 and q8 weights widen in column order and use x
+ * as it is.
  * The tail (cols % 32) is summed in plain C after the horizontal reduction. */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"), always_inline)) static inline
 
@@ -426,7 +427,8 @@ static int chunk_of(const int *first, const Weight *const *w, int c, int *o0, in
  * a chunk; each word has a cache line to itself, or every take would
  * evict the other threads' copies. (OpenMP's guided schedule gave one
  * thread half of all chunks in its first grab: on 0.6B decode at 2 threads
- * the threads finished 4.0 ms per token apart with it, 1.8 ms with this.) */
+ * the threads finished 4.0 ms per token apart with it, 1.8 ms with this;
+ * decode itself moved by 1-5%, within the host's noise.) */
 #define RUNS_MAX 64
 
 typedef struct {
