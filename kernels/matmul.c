@@ -435,11 +435,15 @@ typedef struct {
     _Alignas(64) _Atomic uint64_t w;
 } Run;
 
-static void runs_init(Run *run, int nruns, int total) {
+/* Cuts [0, total) into one run per thread (at most RUNS_MAX); returns how
+ * many runs. */
+static int runs_init(Run *run, int threads, int total) {
+    const int nruns = threads < RUNS_MAX ? threads : RUNS_MAX;
     for (int r = 0; r < nruns; r++) {
         uint64_t lo = (uint64_t)total * r / nruns, hi = (uint64_t)total * (r + 1) / nruns;
         atomic_init(&run[r].w, hi << 32 | lo);
     }
+    return nruns;
 }
 
 /* The next chunk for thread me, or -1 when every run is empty. */
@@ -487,8 +491,7 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
     const int split_alone = (size_t)n * in <= 16384;
     if (split && split_alone) split_rows(xs, x, 0, n, in);
     Run run[RUNS_MAX];
-    const int nruns = threads < RUNS_MAX ? threads : RUNS_MAX;
-    runs_init(run, nruns, first[count]);
+    const int nruns = runs_init(run, threads, first[count]);
 #pragma omp parallel num_threads(threads)
     {
         const int me = omp_get_thread_num();
@@ -585,9 +588,9 @@ matmul_q8i(float *const *y, const Weight *const *w, int count, const float *x, i
     float *dx = buf + code_floats;
     int32_t *bias = (int32_t *)(dx + (size_t)n * nb);
     for (size_t b = 0; b < (size_t)n * nb; b++) dx[b] = quantize32_512(x + b * 32, qx + b * 32, &bias[b]);
-    const int threads = omp_get_max_threads(), nruns = threads < RUNS_MAX ? threads : RUNS_MAX;
+    const int threads = omp_get_max_threads();
     Run run[RUNS_MAX];
-    runs_init(run, nruns, first[count]);
+    const int nruns = runs_init(run, threads, first[count]);
 #pragma omp parallel num_threads(threads)
     {
         const int me = omp_get_thread_num() % nruns;

@@ -227,7 +227,7 @@ VNNI_INLINE __m512 scales4(const KVStream *s, int t, int R) {
                   blk = _mm512_setr_epi32(0, 2, 0, 2, 1, 3, 1, 3, 0, 2, 0, 2, 1, 3, 1, 3);
     const __m512i at = _mm512_add_epi32(_mm512_mullo_epi32(pos, _mm512_set1_epi32(ROW128)),
                                         _mm512_mullo_epi32(blk, _mm512_set1_epi32(sizeof(BlockQ8))));
-    const __mmask16 k = R == 4 ? 0xffff : R == 3 ? 0x33ff : R == 2 ? 0x00ff : 0x0033;
+    const __mmask16 k = _mm512_cmplt_epi32_mask(pos, _mm512_set1_epi32(R)); /* positions past t1 unread */
     const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, at, (const void *)row(s, t), 1);
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
 }
