@@ -354,12 +354,14 @@ AVX512 void tokens512(float *y, const float *xs, const float *x, const Weight *w
  * (measured: 0.6B prefill of 512 tokens 174 -> 205 tok/s at 2 threads). */
 #define PACK_MIN 16
 
-/* Packed chunks are multiplied one block of columns at a time: a 4-token
- * tile of x is 4 x cols floats, and above L1's 48 KB (cols = 3072) it came
- * from L2 again for every 4 rows. Measured at 512 tokens, 2 threads, in
- * GFLOP/s, one pass against blocks of 1024 / 512: in = 3072 210 / 248 /
- * 240, in = 2048 226 / 256 / 243, in = 1024 232 / - / 245. */
-static inline int kblock(int in) { return in > 1024 ? 1024 : in > 512 ? 512 : in; }
+/* Packed chunks wider than this are multiplied one block of this many
+ * columns at a time: a 4-token tile of x is 4 x cols floats, and above
+ * L1's 48 KB (cols = 3072) it came from L2 again for every 4 rows. On
+ * 0.6B's matmuls at 512 tokens and 2 threads, in GFLOP/s, one pass against
+ * blocks: o (2048 columns) 222 -> 240, down (3072) 207 -> 249, all four
+ * projections 230 -> 241; blocks of 512 at 1024 columns measured the same
+ * as one pass. */
+#define KBLOCK 1024
 
 /* One chunk of 64 output rows [o0, o1) for all n tokens: a 4-token tile of
  * x stays in L1/L2 while the chunk's rows (in L2 after the first tile)
@@ -382,8 +384,7 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
             _mm512_storeu_ps(pack + (size_t)(o - o0) * in + j, lo);
             _mm512_storeu_ps(pack + (size_t)(o - o0) * in + j + 16, hi);
         }
-    const int kb = kblock(in);
-    if (kb >= vec) {
+    if (vec <= KBLOCK) {
         tokens512(y, xs, x, w, pack, o0, o0, o1, n, DT_F32);
         return;
     }
@@ -391,8 +392,8 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
      * over one block, then the next, its sums parked in part meanwhile */
     __m512 part[64 * 4];
     for (int i = 0; i < n; i += 4)
-        for (int j0 = 0; j0 < vec; j0 += kb) {
-            const int j1 = j0 + kb < vec ? j0 + kb : vec;
+        for (int j0 = 0; j0 < vec; j0 += KBLOCK) {
+            const int j1 = j0 + KBLOCK < vec ? j0 + KBLOCK : vec;
             if (n - i >= 4) rows512(y, xs, x, w, pack, o0, o0, o1, i, 4, DT_F32, i == 0, j0, j1, part);
             else rows512_t(y, xs, x, w, pack, o0, o0, o1, i, n - i, DT_F32, i == 0, j0, j1, part);
         }
