@@ -5,6 +5,7 @@
  * equivalence, and prefill-vs-decode independence of attention output.
  */
 #include <criterion/criterion.h>
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,6 +279,45 @@ Test(kv, attention_close_to_f32) {
             kv_stream_free(&k0);
             kv_stream_free(&v0);
         }
+}
+
+/* Scores spread over about 180 (queries 30x), so that most weights fall
+ * below FLT_MIN: attention flushes those to zero (see attn_group) and must
+ * still match the plain path, which keeps them, and must hand the caller's
+ * MXCSR back unchanged. Float scores, as above; the tolerance is 10x the
+ * one above because the scores' rounding is 30x larger too (f32 differs by
+ * 1.2e-5). */
+Test(kv, attention_with_spread_scores) {
+    const int d = 128, n = 300, nq = 2;
+    const char *isa = kernels_isa();
+    for (int si = 0; si < kv_n_schemes; si++) {
+        const KVScheme *sc = kv_schemes[si];
+        KVStream k, v;
+        if (!open_stream(&k, sc, d, n)) continue;
+        open_stream_as(&v, sc, d, n, 1);
+        float x[KV_MAX_DIM], q[2 * KV_MAX_DIM], o[2 * KV_MAX_DIM], o0[2 * KV_MAX_DIM];
+        for (int t = 0; t < n; t++) {
+            fill(x, d);
+            kv_stream_append(&k, x);
+            fill(x, d);
+            kv_stream_append(&v, x);
+        }
+        fill(q, nq * d);
+        for (int j = 0; j < nq * d; j++) q[j] *= 30;
+        float *scratch = malloc(sizeof(float) * attn_scratch_floats(nq, d));
+        if (sc->score_err && kernels_level() >= 3) cr_assert_eq(kernels_set_isa("avx512"), 0);
+        const unsigned csr = _mm_getcsr();
+        attn_group(&k, &v, q, nq, 1.0f / sqrtf((float)d), o, scratch);
+        cr_expect_eq(_mm_getcsr(), csr, "%s: MXCSR %#x after attention, %#x before", sc->name, _mm_getcsr(), csr);
+        cr_assert_eq(kernels_set_isa(isa), 0);
+        attn_group_ref(&k, &v, q, nq, 1.0f / sqrtf((float)d), o0);
+        for (int j = 0; j < nq * d; j++)
+            cr_expect(fabsf(o[j] - o0[j]) <= 1e-4f * (1 + fabsf(o0[j])), "%s attn vs ref j=%d: %g vs %g", sc->name, j,
+                      o[j], o0[j]);
+        free(scratch);
+        kv_stream_free(&k);
+        kv_stream_free(&v);
+    }
 }
 
 Test(kv, bytes_per_vector) {
