@@ -10,7 +10,7 @@
  *   1b. arithmetic peak: GFLOP/s of the FMA instruction the matmul kernels
  *      issue, each thread running 12 independent chains (and vdpbf16ps
  *      beside it where the CPU has AVX-512 BF16), best of 3;
- *   2. prefill: one model_forward of 512 token ids (f16 KV), best of 2 runs,
+ *   2. prefill: one model_forward of 512 token ids (f16 KV), best of 5 runs,
  *      in tok/s and GFLOP/s, FLOPs = 2 x decoder matmul params x tokens
  *      + 2 x layers x q heads x head_dim x n(n+1) for causal attention
  *      (q.k and p.v, 2 FLOPs per multiply-add; lm_head runs for the last
@@ -60,6 +60,10 @@
 #define PROMPT 16
 #define DECODE 128
 #define DECODE_REPS 3
+/* Prefill runs a few seconds, short enough that a burst of the host's other
+ * tenants can cover each of two runs (one run gave 49% of the FMA peak, the
+ * next minute's 59%): best of 5. */
+#define PREFILL_REPS 5
 #define LONG_REPS 3 /* passes per scheme at long context, best kept */
 #define POOL 4096 /* random k/v vectors cycled through when filling caches */
 
@@ -401,14 +405,14 @@ int main(int argc, char **argv) {
     /* 2. prefill */
     const double attn_flops = 2.0 * c->n_layers * c->n_heads * c->head_dim * PREFILL * (PREFILL + 1.0);
     const double flops = 2 * params * PREFILL + attn_flops;
-    printf("\n## Prefill, %d tokens in one model_forward, f16 KV (best of 2)\n\n"
+    printf("\n## Prefill, %d tokens in one model_forward, f16 KV (best of %d)\n\n"
            "GFLOP per run = 2 x %.3f G params x %d + attention 2 x L x nH x hd x n(n+1) = %.1f + %.1f = %.1f\n\n"
            "| threads | s | tok/s | GFLOP/s | of FMA peak |\n|---:|---:|---:|---:|---:|\n",
-           PREFILL, params / 1e9, PREFILL, 2 * params * PREFILL / 1e9, attn_flops / 1e9, flops / 1e9);
+           PREFILL, PREFILL_REPS, params / 1e9, PREFILL, 2 * params * PREFILL / 1e9, attn_flops / 1e9, flops / 1e9);
     for (int i = 0; i < nt; i++) {
         omp_set_num_threads(threads[i]);
         double best = 1e30;
-        for (int rep = 0; rep < 2; rep++) {
+        for (int rep = 0; rep < PREFILL_REPS; rep++) {
             kv_cache_truncate(&kv, 0);
             double t0 = now();
             forward(&models[i], &kv, tok, PREFILL, logits);
