@@ -23,4 +23,15 @@ __attribute__((target("avx512f,avx512dq"), always_inline)) static inline __m128 
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+/* The same tree over 32-bit integer lanes: [sum(a), sum(b), sum(c), sum(d)]
+ * (integer sums are exact, so any order gives them). */
+__attribute__((target("avx512f,avx512dq"), always_inline)) static inline __m128i hsum4_512i(__m512i a, __m512i b,
+                                                                                          __m512i c, __m512i d) {
+    __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+    __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti32x8_epi32(s, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
 #endif

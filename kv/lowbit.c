@@ -687,8 +687,9 @@ VNNI_INLINE void q8_prep(const float *q, float s, float cb8_s, LbQ8 *o) {
 }
 
 /* Scores of positions [t0, t1) for NQ <= 4 prepared queries, four
- * positions at a time so that their sums share one hsum tree per head (the
- * lanes hold integers below 2^24, exact in floats). */
+ * positions at a time: their integer lane sums share one hsum tree per
+ * head, then one conversion and the scaling as 4-lane vectors (the same
+ * float operations, in the same order, as lb_score_i8_ref's). */
 VNNI_INLINE void score_i8_body(const LbFmt *f, const int NQ, const uint8_t *data, const LbQ8 *o, int t0, int t1,
                                float *out, int ldo) {
     const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)f->cb8)), m4 = _mm512_set1_epi8(15);
@@ -697,12 +698,12 @@ VNNI_INLINE void score_i8_body(const LbFmt *f, const int NQ, const uint8_t *data
     for (int i = 0; i < NQ; i++) qe[i] = _mm512_loadu_si512(o[i].qe), qo[i] = _mm512_loadu_si512(o[i].qo);
     for (int t = t0; t < t1; t += 4) {
         const int R = t1 - t < 4 ? t1 - t : 4;
-        __m512 acc[4][4];
+        __m512i acc[4][4];
         float sc[4] = {0, 0, 0, 0};
         lb_prefetch(data, f->vec_bytes, t + LB_AHEAD, 4);
         for (int r = 0; r < 4; r++) {
             if (r >= R) {
-                for (int i = 0; i < NQ; i++) acc[r][i] = _mm512_setzero_ps();
+                for (int i = 0; i < NQ; i++) acc[r][i] = _mm512_setzero_si512();
                 continue;
             }
             const uint8_t *blk = data + (size_t)(t + r) * vb;
@@ -710,14 +711,16 @@ VNNI_INLINE void score_i8_body(const LbFmt *f, const int NQ, const uint8_t *data
             const __m512i lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4)),
                           hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
             for (int i = 0; i < NQ; i++)
-                acc[r][i] = _mm512_cvtepi32_ps(
-                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qe[i]), hi, qo[i]));
+                acc[r][i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qe[i]), hi, qo[i]);
             sc[r] = header_avx2(blk, f->hdr);
         }
+        const __m128 sv = _mm_loadu_ps(sc);
+        const __mmask8 keep = (__mmask8)((1u << R) - 1);
         for (int i = 0; i < NQ; i++) {
-            float v[4];
-            _mm_storeu_ps(v, hsum4_512(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
-            for (int r = 0; r < R; r++) out[(size_t)i * ldo + (t + r - t0)] = (v[r] - (float)o[i].bias) * sc[r] * o[i].inv;
+            const __m128 dot = _mm_cvtepi32_ps(hsum4_512i(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
+            const __m128 s = _mm_mul_ps(_mm_mul_ps(_mm_sub_ps(dot, _mm_set1_ps((float)o[i].bias)), sv),
+                                        _mm_set1_ps(o[i].inv));
+            _mm_mask_storeu_ps(out + (size_t)i * ldo + (t - t0), keep, s);
         }
     }
 }
