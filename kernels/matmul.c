@@ -266,21 +266,40 @@ AVX512 void ld32(const void *p, const float *sc, size_t idx, DType dt, __m512 *l
  * tail. When pf, the R rows' worth of bytes after the tile are prefetched
  * as it goes: the first pass over a chunk's rows streams them from memory.
  * A tile that stops short of the last column leaves its accumulators in
- * part [64 rows][4 tokens] (row o at (o - ob) * 4), and one that starts
- * past 0 takes them from there: the same vector sums, continued, so the
- * column blocks of a wide row add up in the same order as one pass. */
+ * part [64 rows][TILE_T tokens] (row o at (o - ob) * TILE_T), and one that
+ * starts past 0 takes them from there: the same vector sums, continued, so
+ * the column blocks of a wide row add up in the same order as one pass.
+ * Up to 4 tokens, each step loads the T tokens' x first and widens the R
+ * rows one by one; 5-token tiles (packed chunks, see chunk512) load the R
+ * rows first and stream the tokens' x past them, since 20 sums, 8 weight
+ * vectors and 2 of x fill 30 of the 32 registers where x first would
+ * need 38. Either way every sum gets the same FMAs in the same order. */
+#define TILE_T 5
 AVX512 void tile512(float *y, const float *xs, const float *x, const Weight *w, const void *wd, int ob, int o, int i,
                     const int R, const int T, DType dt, const int pf, int j0, int j1, __m512 *part) {
     const int in = w->cols, out = w->rows, vec = in & ~31;
     const size_t es = dtype_size(dt);
     const char *next = (const char *)wd + (size_t)(o - ob + R) * in * es + PREFETCH_BYTES;
-    __m512 acc[4][4];
+    __m512 acc[4][TILE_T];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = j0 ? part[(o - ob + r) * 4 + t] : _mm512_setzero_ps();
+        for (int t = 0; t < T; t++) acc[r][t] = j0 ? part[(o - ob + r) * TILE_T + t] : _mm512_setzero_ps();
     for (int j = j0; j < j1; j += 32) {
-        __m512 xl[4], xh[4];
         if (pf)
             for (size_t b = 0; b < R * 32 * es; b += 64) _mm_prefetch(next + (size_t)j * R * es + b, _MM_HINT_T1);
+        if (T == TILE_T) {
+            __m512 lo[4], hi[4];
+            for (int r = 0; r < R; r++) ld32(wd, w->scale, (size_t)(o - ob + r) * in + j, dt, &lo[r], &hi[r]);
+            for (int t = 0; t < T; t++) {
+                const __m512 xl = _mm512_loadu_ps(xs + (size_t)(i + t) * in + j),
+                             xh = _mm512_loadu_ps(xs + (size_t)(i + t) * in + j + 16);
+                for (int r = 0; r < R; r++) {
+                    acc[r][t] = _mm512_fmadd_ps(lo[r], xl, acc[r][t]);
+                    acc[r][t] = _mm512_fmadd_ps(hi[r], xh, acc[r][t]);
+                }
+            }
+            continue;
+        }
+        __m512 xl[4], xh[4];
         for (int t = 0; t < T; t++) {
             xl[t] = _mm512_loadu_ps(xs + (size_t)(i + t) * in + j);
             xh[t] = _mm512_loadu_ps(xs + (size_t)(i + t) * in + j + 16);
@@ -296,11 +315,11 @@ AVX512 void tile512(float *y, const float *xs, const float *x, const Weight *w, 
     }
     if (j1 < vec) {
         for (int r = 0; r < R; r++)
-            for (int t = 0; t < T; t++) part[(o - ob + r) * 4 + t] = acc[r][t];
+            for (int t = 0; t < T; t++) part[(o - ob + r) * TILE_T + t] = acc[r][t];
         return;
     }
     /* horizontal sums four at a time, in (r, t) order */
-    float sums[16];
+    float sums[4 * TILE_T + 3];
     const __m512 z = _mm512_setzero_ps();
     for (int k = 0; k < R * T; k += 4) {
         __m512 v[4];
@@ -325,10 +344,11 @@ AVX512 void rows512(float *y, const float *xs, const float *x, const Weight *w, 
     for (; o < o1; o++) tile512(y, xs, x, w, wd, ob, o, i, 1, T, dt, pf, j0, j1, part);
 }
 
-/* Tokens [i, i + T) with T < 4 not a constant: the same, dispatched. */
+/* Tokens [i, i + T) with T < 5 not a constant: the same, dispatched. */
 AVX512 void rows512_t(float *y, const float *xs, const float *x, const Weight *w, const void *wd, int ob, int o0,
                       int o1, int i, int T, DType dt, const int pf, int j0, int j1, __m512 *part) {
     switch (T) {
+    case 4: rows512(y, xs, x, w, wd, ob, o0, o1, i, 4, dt, pf, j0, j1, part); break;
     case 3: rows512(y, xs, x, w, wd, ob, o0, o1, i, 3, dt, pf, j0, j1, part); break;
     case 2: rows512(y, xs, x, w, wd, ob, o0, o1, i, 2, dt, pf, j0, j1, part); break;
     default: rows512(y, xs, x, w, wd, ob, o0, o1, i, 1, dt, pf, j0, j1, part); break;
@@ -355,16 +375,17 @@ AVX512 void tokens512(float *y, const float *xs, const float *x, const Weight *w
 #define PACK_MIN 16
 
 /* Packed chunks wider than this are multiplied one block of this many
- * columns at a time: a 4-token tile of x is 4 x cols floats, and above
- * L1's 48 KB (cols = 3072) it came from L2 again for every 4 rows. On
- * 0.6B's matmuls at 512 tokens and 2 threads, in GFLOP/s, one pass against
+ * columns at a time: a tile's x is TILE_T x cols floats, and above L1's
+ * 48 KB it came from L2 again for every 4 rows. On 0.6B's matmuls at 512
+ * tokens and 2 threads, in GFLOP/s, 4-token tiles over one pass against
  * blocks: o (2048 columns) 222 -> 240, down (3072) 207 -> 249, all four
  * projections 230 -> 241; blocks of 512 at 1024 columns measured the same
- * as one pass. */
+ * as one pass. 5-token tiles then took all four from 228 to 252 (6 tokens
+ * 246, 7 232, 8 218; 3 rows x 7 or 8 tokens, 2 x 10 or 12: 149 to 191). */
 #define KBLOCK 1024
 
-/* One chunk of 64 output rows [o0, o1) for all n tokens: a 4-token tile of
- * x stays in L1/L2 while the chunk's rows (in L2 after the first tile)
+/* One chunk of 64 output rows [o0, o1) for all n tokens: a TILE_T-token
+ * tile of x stays in L1 while the chunk's rows (in L2 after the first tile)
  * stream past. (Keeping 4 rows and streaming tokens instead measured
  * 92 vs 97 GFLOP/s at in = 3072, 128 tokens, and half at 512 tokens.)
  * pack [64 * cols] is this thread's buffer for a widened bf16 chunk: its
@@ -384,19 +405,19 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
             _mm512_storeu_ps(pack + (size_t)(o - o0) * in + j, lo);
             _mm512_storeu_ps(pack + (size_t)(o - o0) * in + j + 16, hi);
         }
-    if (vec <= KBLOCK) {
-        tokens512(y, xs, x, w, pack, o0, o0, o1, n, DT_F32);
-        return;
-    }
-    /* wider rows in column blocks: each 4-token tile runs the chunk's rows
-     * over one block, then the next, its sums parked in part meanwhile */
-    __m512 part[64 * 4];
-    for (int i = 0; i < n; i += 4)
-        for (int j0 = 0; j0 < vec; j0 += KBLOCK) {
+    /* TILE_T tokens at a time, each tile over the chunk's rows one block
+     * of columns after the other, its sums parked in part in between (one
+     * block, and part unused, up to KBLOCK columns) */
+    __m512 part[64 * TILE_T];
+    for (int i = 0; i < n; i += TILE_T) {
+        int j0 = 0;
+        do {
             const int j1 = j0 + KBLOCK < vec ? j0 + KBLOCK : vec;
-            if (n - i >= 4) rows512(y, xs, x, w, pack, o0, o0, o1, i, 4, DT_F32, i == 0, j0, j1, part);
+            if (n - i >= TILE_T) rows512(y, xs, x, w, pack, o0, o0, o1, i, TILE_T, DT_F32, i == 0, j0, j1, part);
             else rows512_t(y, xs, x, w, pack, o0, o0, o1, i, n - i, DT_F32, i == 0, j0, j1, part);
-        }
+            j0 = j1;
+        } while (j0 < vec);
+    }
 }
 
 /* Per-calling-thread buffers, grown as needed and kept (the forward pass
