@@ -57,7 +57,7 @@ AVX512 __m512 exp16(__m512 x) {
     /* below -87.33 (e^x under 1.19e-38, near FLT_MIN) the result is 0, not
      * subnormal: every subnormal result, and every FMA that later takes one
      * as input, costs a microcode assist, and attention whose scores spread
-     * over more than 87 ran 3x (tbq4) to 8x (f16) slower with them */
+     * over more than 87 ran up to 8x slower with them (see attn_group) */
     const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_NLT_UQ);
     return _mm512_maskz_scalef_ps(normal, p, k);
 }

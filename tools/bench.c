@@ -61,8 +61,8 @@
 #define DECODE 128
 #define DECODE_REPS 3
 /* Prefill runs a few seconds, short enough that a burst of the host's other
- * tenants can cover each of two runs (one run gave 49% of the FMA peak, the
- * next minute's 59%): best of 5. */
+ * tenants can cover each of two runs (one run gave 49% of the FMA peak, a
+ * later one of the same code 59%): best of 5. */
 #define PREFILL_REPS 5
 #define LONG_REPS 3 /* passes per scheme at long context, best kept */
 #define POOL 4096 /* random k/v vectors cycled through when filling caches */
