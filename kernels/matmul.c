@@ -355,17 +355,18 @@ AVX512 void rows512_t(float *y, const float *xs, const float *x, const Weight *w
     }
 }
 
-/* All n tokens over rows [o0, o1) in 4-token tiles, the last 1-3 tokens in
- * one smaller tile; the first tile prefetches (it reads from memory). */
-AVX512 void tokens512(float *y, const float *xs, const float *x, const Weight *w, const void *wd, int ob, int o0,
-                      int o1, int n, DType dt) {
+/* All n tokens over rows [o0, o1) of w as stored, in 4-token tiles, the
+ * last 1-3 tokens in one smaller tile; the first tile prefetches (it reads
+ * from memory). */
+AVX512 void tokens512(float *y, const float *xs, const float *x, const Weight *w, int o0, int o1, int n, DType dt) {
     const int vec = w->cols & ~31;
     int i = 0;
     for (; i + 4 <= n; i += 4) {
-        if (i == 0) rows512(y, xs, x, w, wd, ob, o0, o1, i, 4, dt, 1, 0, vec, NULL);
-        else rows512(y, xs, x, w, wd, ob, o0, o1, i, 4, dt, 0, 0, vec, NULL);
+        /* pf as a constant in each call, so that the tile loops fold it */
+        if (i == 0) rows512(y, xs, x, w, w->data, 0, o0, o1, i, 4, dt, 1, 0, vec, NULL);
+        else rows512(y, xs, x, w, w->data, 0, o0, o1, i, 4, dt, 0, 0, vec, NULL);
     }
-    if (i < n) rows512_t(y, xs, x, w, wd, ob, o0, o1, i, n - i, dt, i == 0, 0, vec, NULL);
+    if (i < n) rows512_t(y, xs, x, w, w->data, 0, o0, o1, i, n - i, dt, i == 0, 0, vec, NULL);
 }
 
 /* Batches of at least this many tokens widen each bf16 chunk once into f32
@@ -396,7 +397,7 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
                      float *pack) {
     const int in = w->cols, vec = in & ~31;
     if ((dt != DT_BF16 && dt != DT_Q8) || n < PACK_MIN || !pack) {
-        tokens512(y, xs, x, w, w->data, 0, o0, o1, n, dt);
+        tokens512(y, xs, x, w, o0, o1, n, dt);
         return;
     }
     for (int o = o0; o < o1; o++)
