@@ -2,14 +2,16 @@
  * (q8_0, q4_0), included by kv/q8.c and kv/q4.c.
  *
  * Data flow: attn_group -> kv_score / kv_accum -> q8.c / q4.c, on AVX2
- * machines without AVX-512 (those take kv/tile512.h). A position is a row
- * of d/32 blocks of bb bytes each:
+ * machines without AVX-512 (those take kv/tile512.h). A position is d/32
+ * blocks of 32 codes and an fp16 scale, wherever the scheme keeps them:
  *
- *   block:  | fp16 d | codes |        codes: 32 int8 (q8_0) or 16 B of nibbles (q4_0)
+ *   q4_0: | fp16 d | 16 B of nibbles | per block, rows of blocks
+ *   q8_0: tiles of 16 positions (kv/q8.c)
  *
- * The scheme passes WIDEN(codes, v), which turns a block's codes into 4 x 8
- * floats (elements 0-7, 8-15, 16-23, 24-31) before the scale; each block is
- * widened once per position and feeds every head. Scores: acc_i += d ·
+ * The scheme passes LOAD(s, t, k, v), which turns block k of position t
+ * into 4 x 8 floats (elements 0-7, 8-15, 16-23, 24-31) before the scale
+ * and returns the scale; each block is loaded once per position and feeds
+ * every head. Scores: acc_i += d ·
  * (q_i[block] ⊙ codes), then one horizontal sum per head; up to B32_HEADS
  * heads per pass (their accumulators, 4 code vectors and the scale fit 16
  * registers). Sums: acc_i[block] += (p_i,t · d) · codes.
@@ -20,12 +22,11 @@
 #include "kv/kv.h"
 
 #include <immintrin.h>
-#include <string.h>
 
 #define B32_HEADS 8
 #define B32_AVX2 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
-typedef void (*B32Widen)(const uint8_t *codes, __m256 v[4]);
+typedef float (*B32Load)(const KVStream *s, int t, int k, __m256 v[4]);
 
 B32_AVX2 float b32_hsum(__m256 v) {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -34,27 +35,16 @@ B32_AVX2 float b32_hsum(__m256 v) {
     return _mm_cvtss_f32(x);
 }
 
-/* Block k of position t, and its scale. */
-B32_AVX2 const uint8_t *b32_block(const KVStream *s, size_t bb, int t, int k) {
-    return s->data + ((size_t)t * (size_t)(s->d / 32) + (size_t)k) * bb;
-}
-B32_AVX2 float b32_scale(const uint8_t *blk) {
-    uint16_t h;
-    memcpy(&h, blk, 2);
-    return _cvtsh_ss(h);
-}
-
 /* Scores [t0, t1) for nh heads (a constant in each inlined copy). */
-B32_AVX2 void b32_score_heads(const KVStream *s, size_t bb, B32Widen widen, const float *qh, const int nh, int t0,
-                              int t1, float *out, int ldo) {
+B32_AVX2 void b32_score_heads(const KVStream *s, B32Load load, const float *qh, const int nh, int t0, int t1,
+                              float *out, int ldo) {
     const int nb = s->d / 32;
     for (int t = t0; t < t1; t++) {
         __m256 acc[B32_HEADS];
         for (int i = 0; i < nh; i++) acc[i] = _mm256_setzero_ps();
         for (int k = 0; k < nb; k++) {
-            const uint8_t *blk = b32_block(s, bb, t, k);
-            __m256 c[4], d = _mm256_set1_ps(b32_scale(blk));
-            widen(blk + 2, c);
+            __m256 c[4];
+            const __m256 d = _mm256_set1_ps(load(s, t, k, c));
             for (int i = 0; i < nh; i++) {
                 const float *qi = qh + (size_t)i * s->d + k * 32;
                 __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(qi), c[0]);
@@ -69,34 +59,32 @@ B32_AVX2 void b32_score_heads(const KVStream *s, size_t bb, B32Widen widen, cons
 }
 
 /* kv_score: heads in tiles of up to B32_HEADS, each size its own copy. */
-B32_AVX2 void b32_score(const KVStream *s, size_t bb, B32Widen widen, const float *q, int nq, int t0, int t1,
-                        float *out, int ldo) {
+B32_AVX2 void b32_score(const KVStream *s, B32Load load, const float *q, int nq, int t0, int t1, float *out,
+                        int ldo) {
     for (int h0 = 0; h0 < nq; h0 += B32_HEADS) {
         const float *qh = q + (size_t)h0 * s->d;
         float *o = out + (size_t)h0 * ldo;
         switch (nq - h0 < B32_HEADS ? nq - h0 : B32_HEADS) {
-        case 1: b32_score_heads(s, bb, widen, qh, 1, t0, t1, o, ldo); break;
-        case 2: b32_score_heads(s, bb, widen, qh, 2, t0, t1, o, ldo); break;
-        case 3: b32_score_heads(s, bb, widen, qh, 3, t0, t1, o, ldo); break;
-        case 4: b32_score_heads(s, bb, widen, qh, 4, t0, t1, o, ldo); break;
-        case 5: b32_score_heads(s, bb, widen, qh, 5, t0, t1, o, ldo); break;
-        case 6: b32_score_heads(s, bb, widen, qh, 6, t0, t1, o, ldo); break;
-        case 7: b32_score_heads(s, bb, widen, qh, 7, t0, t1, o, ldo); break;
-        default: b32_score_heads(s, bb, widen, qh, 8, t0, t1, o, ldo); break;
+        case 1: b32_score_heads(s, load, qh, 1, t0, t1, o, ldo); break;
+        case 2: b32_score_heads(s, load, qh, 2, t0, t1, o, ldo); break;
+        case 3: b32_score_heads(s, load, qh, 3, t0, t1, o, ldo); break;
+        case 4: b32_score_heads(s, load, qh, 4, t0, t1, o, ldo); break;
+        case 5: b32_score_heads(s, load, qh, 5, t0, t1, o, ldo); break;
+        case 6: b32_score_heads(s, load, qh, 6, t0, t1, o, ldo); break;
+        case 7: b32_score_heads(s, load, qh, 7, t0, t1, o, ldo); break;
+        default: b32_score_heads(s, load, qh, 8, t0, t1, o, ldo); break;
         }
     }
 }
 
-/* kv_accum: each block widened once for all heads. */
-B32_AVX2 void b32_accum(const KVStream *s, size_t bb, B32Widen widen, const float *p, int ldp, int nq, int t0, int t1,
+/* kv_accum: each block loaded once for all heads. */
+B32_AVX2 void b32_accum(const KVStream *s, B32Load load, const float *p, int ldp, int nq, int t0, int t1,
                         float *acc) {
     const int nb = s->d / 32;
     for (int t = t0; t < t1; t++)
         for (int k = 0; k < nb; k++) {
-            const uint8_t *blk = b32_block(s, bb, t, k);
             __m256 c[4];
-            const float d = b32_scale(blk);
-            widen(blk + 2, c);
+            const float d = load(s, t, k, c);
             for (int i = 0; i < nq; i++) {
                 __m256 w = _mm256_set1_ps(p[(size_t)i * ldp + (t - t0)] * d);
                 float *ai = acc + (size_t)i * s->d + k * 32;
@@ -107,15 +95,15 @@ B32_AVX2 void b32_accum(const KVStream *s, size_t bb, B32Widen widen, const floa
 }
 
 /* The scheme file's AVX2 entry points, score_avx2 and accum_avx2, over its
- * widening function and block size. */
-#define BLOCK32_AVX2_KERNELS(WIDEN, BB)                                                                             \
+ * block loader. */
+#define BLOCK32_AVX2_KERNELS(LOAD)                                                                             \
     __attribute__((target("avx2,fma,f16c"))) static void score_avx2(const KVStream *s, const float *q, int nq,     \
                                                                     int t0, int t1, float *out, int ldo) {         \
-        b32_score(s, BB, WIDEN, q, nq, t0, t1, out, ldo);                                                            \
+        b32_score(s, LOAD, q, nq, t0, t1, out, ldo);                                                            \
     }                                                                                                                \
     __attribute__((target("avx2,fma,f16c"))) static void accum_avx2(const KVStream *s, const float *p, int ldp,    \
                                                                     int nq, int t0, int t1, float *acc) {          \
-        b32_accum(s, BB, WIDEN, p, ldp, nq, t0, t1, acc);                                                            \
+        b32_accum(s, LOAD, p, ldp, nq, t0, t1, acc);                                                            \
     }
 
 #endif

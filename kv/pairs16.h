@@ -50,6 +50,29 @@ PAIRS16 void p16_unpack(__m512 lo, __m512 hi, __m512 *v0, __m512 *v1) {
     *v1 = _mm512_permutex2var_ps(lo, i1, hi);
 }
 
+/* One head's float weights wf[g][0..np) (np rounded up to 16) rounded to
+ * int16 at 32767 / max|w| into wq: 0 with *inv = max|w| / 32767 (0 when
+ * all are 0), or -1 when a weight is not finite. */
+PAIRS16 int p16_round(const float (*wf)[P16_SPAN], int ng, int np, int16_t (*wq)[P16_SPAN], float *inv) {
+    __m512 m = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (int g = 0; g < ng; g++)
+        for (int t = 0; t < np; t += 16) {
+            const __m512 w = _mm512_load_ps(wf[g] + t);
+            bad |= _mm512_fpclass_ps_mask(w, 0x99); /* NaN, ±inf */
+            m = _mm512_max_ps(m, _mm512_abs_ps(w));
+        }
+    if (bad) return -1;
+    const float mx = _mm512_reduce_max_ps(m);
+    const __m512 sc = _mm512_set1_ps(mx > 0 ? 32767.0f / mx : 0);
+    *inv = mx > 0 ? mx / 32767.0f : 0;
+    for (int g = 0; g < ng; g++)
+        for (int t = 0; t < np; t += 16)
+            _mm256_store_si256((__m256i *)(wq[g] + t),
+                               _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(wf[g] + t), sc))));
+    return 0;
+}
+
 /* One span [t0, t0 + n), n <= P16_SPAN, for NH <= 2 heads. Returns -1
  * (nothing added) when a weight is not finite: the caller takes the float
  * path. out(i, g, v0, v1) receives group g's 32 sums of head i. */
@@ -66,24 +89,12 @@ PAIRS16 int p16_span(const KVStream *s, Dec16 D, Scale16 S, const int G1, size_t
         for (int g = 0; g < ng; g++) _mm512_store_ps(sf[g] + t, S(s, t0 + t, g, k));
     }
     for (int i = 0; i < NH; i++) {
-        __m512 m = _mm512_setzero_ps();
-        __mmask16 bad = 0;
         for (int g = 0; g < ng; g++)
             for (int t = 0; t < np; t += 16) {
                 const __mmask16 k = n - t >= 16 ? 0xffff : (__mmask16)((1u << (n - t)) - 1);
-                const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + (size_t)i * ldp + t), _mm512_load_ps(sf[g] + t));
-                _mm512_store_ps(wf[g] + t, w);
-                bad |= _mm512_fpclass_ps_mask(w, 0x99); /* NaN, ±inf */
-                m = _mm512_max_ps(m, _mm512_abs_ps(w));
+                _mm512_store_ps(wf[g] + t, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + (size_t)i * ldp + t), _mm512_load_ps(sf[g] + t)));
             }
-        if (bad) return -1;
-        const float mx = _mm512_reduce_max_ps(m);
-        const __m512 sc = _mm512_set1_ps(mx > 0 ? 32767.0f / mx : 0);
-        inv[i] = mx > 0 ? mx / 32767.0f : 0;
-        for (int g = 0; g < ng; g++)
-            for (int t = 0; t < np; t += 16)
-                _mm256_store_si256((__m256i *)(wq[i][g] + t),
-                                   _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(wf[g] + t), sc))));
+        if (p16_round((const float (*)[P16_SPAN])wf, ng, np, wq[i], &inv[i])) return -1;
     }
     __m512i a[2][4][2];
     for (int i = 0; i < NH; i++)

@@ -149,7 +149,14 @@ AVX2 static inline void widen32(const uint8_t *qs, __m256 v[4]) {
     v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
 }
 
-BLOCK32_AVX2_KERNELS(widen32, sizeof(BlockQ4))
+/* block32_avx2.h's view: block k of position t widened, and its scale. */
+AVX2 static inline float load32(const KVStream *s, int t, int k, __m256 v[4]) {
+    const BlockQ4 *b = row(s, t) + k;
+    widen32(b->qs, v);
+    return _cvtsh_ss(b->d);
+}
+
+BLOCK32_AVX2_KERNELS(load32)
 
 /* Block j / 32 of position t: (code - 8) times the scale, exactly the
  * dequantized floats; low nibbles are elements 0-15, high ones 16-31. */

@@ -1,14 +1,28 @@
 /* q8.c: llama.cpp's q8_0 as a KV scheme: blocks of 32 values, one fp16
- * scale and 32 signed bytes each.
+ * scale and 32 signed bytes each, stored in tiles of 16 positions laid out
+ * for the integer dot products that read them.
  *
- * Data flow: kv_stream_append quantizes one K or V vector into d/32 blocks;
- * attention scores and sums straight from the blocks (q8_score, q8_accum),
- * never widening a cached vector into a float buffer: with AVX-512 VNNI
- * as integer dot products (scores below, sums in kv/pairs16.h), else
- * AVX-512 tiles (kv/tile512.h), else AVX2 or plain C below.
+ * Data flow: kv_stream_append quantizes one K or V vector into d/32 blocks
+ * and writes them into its tile; attention scores and sums straight from
+ * the tiles (q8_score, q8_accum), never widening a cached vector into a
+ * float buffer: with AVX-512 VNNI as integer dot products over whole tiles
+ * (below), else AVX-512 (kv/tile512.h), AVX2 (kv/block32_avx2.h) or plain C
+ * through the accessors.
  *
- *   block:  | fp16 d | int8 q[32] |          34 bytes per 32 values (8.5 bits)
- *   stream: | block 0 .. block d/32-1 | ...  one row of d/32 blocks per position
+ *   tile (16 positions, 17·d bytes): | scales | codes |
+ *   scales: fp16 [d/32 blocks][16 positions]          d bytes
+ *   K codes: [d/4 quads][16 positions][4 int8]         16·d bytes
+ *            one 64-byte line = 4 values of all 16 positions, the operand
+ *            vpdpbusd multiplies by 4 query bytes: 16 positions' dots at once
+ *   V codes: [8 pairs][d values][2 int8]               16·d bytes
+ *            positions 2i and 2i+1 byte by byte, so that 32 bytes widened to
+ *            int16 are the word pairs vpdpwssd multiplies by 2 weights
+ *
+ * Rows of blocks (ggml's order) made scores add up lanes of each position
+ * after its dot products, and sums gather every block's scale: in tiles both
+ * go, and at 32K positions the cache's read rate went up where a row layout's
+ * did not (measured in the README's KV section). The bytes are q8_0's, 8.5
+ * bits a value.
  *
  * Rule (ggml quantize_row_q8_0_ref): d = max|x| / 127, q = roundf(x / d)
  * with the float d (before its fp16 rounding), 0 for an all-zero block;
@@ -29,12 +43,7 @@
 #include <string.h>
 
 #define QK 32
-
-typedef struct {
-    uint16_t d;    /* fp16 scale */
-    int8_t q[QK];  /* x / d, rounded */
-} BlockQ8;
-_Static_assert(sizeof(BlockQ8) == 34, "q8_0 block must be 34 bytes, as in ggml");
+#define TT 16 /* positions per tile */
 
 static double q8_bits(int d, const KVOpts *o) { (void)d; (void)o; return 8.5; }
 
@@ -50,57 +59,69 @@ static int q8_check(int d, const KVOpts *o, char *err, size_t errlen) {
     return 0;
 }
 
-static size_t row_bytes(const KVStream *s) { return (size_t)(s->d / QK) * sizeof(BlockQ8); }
+static size_t tile_bytes(const KVStream *s) { return (size_t)17 * s->d; }
+static size_t n_tiles(const KVStream *s) { return ((size_t)s->cap + TT - 1) / TT; }
 
+/* On a 64-byte line, as the kernels' 64-byte loads of a line each want
+ * (calloc's blocks sit 16 bytes into a page: every load split in two).
+ * The integer kernels read whole tiles, unwritten positions of the last
+ * one included, and drop what those give: their score lanes are not
+ * stored, their weights and scales are masked to 0 before any product. */
 static int q8_init(KVStream *s, char *err, size_t errlen) {
-    s->data = malloc((size_t)s->cap * row_bytes(s));
+    s->data = aligned_alloc(64, (n_tiles(s) * tile_bytes(s) + 63) & ~(size_t)63);
     if (!s->data) { snprintf(err, errlen, "q8: out of memory for %d positions", s->cap); return -1; }
     return 0;
 }
 
 static void q8_free(KVStream *s) { free(s->data); }
 
-static const BlockQ8 *row(const KVStream *s, int t) {
-    return (const BlockQ8 *)(s->data + (size_t)t * row_bytes(s));
+static const uint8_t *tile(const KVStream *s, int t) { return s->data + (size_t)(t / TT) * tile_bytes(s); }
+
+/* Where position t's code j and block k's scale sit in its tile. */
+static size_t code_at(const KVStream *s, int t, int j) {
+    const int r = t % TT;
+    if (s->role == 0) return (size_t)s->d + (size_t)(j / 4) * 4 * TT + 4 * r + j % 4;
+    return (size_t)s->d + (size_t)(r / 2) * 2 * s->d + 2 * j + r % 2;
+}
+static float scale_at(const KVStream *s, int t, int k) {
+    uint16_t h;
+    memcpy(&h, tile(s, t) + 2 * ((size_t)k * TT + t % TT), 2);
+    return f16_to_f32(h);
 }
 
 /* One block, exactly as ggml: scale from the float amax, codes from 1/d. */
-static void quantize_block(BlockQ8 *b, const float *x) {
-    float amax = 0;
-    for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
-    float d = amax / 127, id = d ? 1.0f / d : 0.0f;
-    b->d = f32_to_f16(d);
-    for (int j = 0; j < QK; j++) b->q[j] = (int8_t)roundf(x[j] * id);
-}
-
 static void q8_append(KVStream *s, const float *x) {
-    BlockQ8 *b = (BlockQ8 *)(s->data + (size_t)s->len * row_bytes(s));
-    for (int k = 0; k < s->d / QK; k++) quantize_block(b + k, x + k * QK);
+    uint8_t *tl = s->data + (size_t)(s->len / TT) * tile_bytes(s);
+    for (int k = 0; k < s->d / QK; k++) {
+        const float *xb = x + k * QK;
+        float amax = 0;
+        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        const uint16_t h = f32_to_f16(d);
+        memcpy(tl + 2 * ((size_t)k * TT + s->len % TT), &h, 2);
+        for (int j = 0; j < QK; j++) tl[code_at(s, s->len, k * QK + j)] = (uint8_t)(int8_t)roundf(xb[j] * id);
+    }
 }
 
-/* Rows are independent, so dropping positions is only bookkeeping. */
+/* Positions are independent, so dropping some is only bookkeeping. */
 static void q8_truncate(KVStream *s, int n) { (void)s; (void)n; }
 
 static void q8_dequant(const KVStream *s, int t, float *out) {
-    const BlockQ8 *b = row(s, t);
-    for (int k = 0; k < s->d / QK; k++) {
-        float d = f16_to_f32(b[k].d);
-        for (int j = 0; j < QK; j++) out[k * QK + j] = b[k].q[j] * d;
-    }
+    const uint8_t *tl = tile(s, t);
+    for (int j = 0; j < s->d; j++) out[j] = (int8_t)tl[code_at(s, t, j)] * scale_at(s, t, j / QK);
 }
 
 /* Plain C fast path: per block sum_j q_j·code_j, then one multiply by d. */
 static void score_c(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    const int nb = s->d / QK;
     for (int t = t0; t < t1; t++) {
-        const BlockQ8 *b = row(s, t);
+        const uint8_t *tl = tile(s, t);
         for (int i = 0; i < nq; i++) {
             const float *qi = q + (size_t)i * s->d;
             float acc = 0;
-            for (int k = 0; k < nb; k++) {
+            for (int k = 0; k < s->d / QK; k++) {
                 float dot = 0;
-                for (int j = 0; j < QK; j++) dot += qi[k * QK + j] * b[k].q[j];
-                acc += dot * f16_to_f32(b[k].d);
+                for (int j = k * QK; j < (k + 1) * QK; j++) dot += qi[j] * (int8_t)tl[code_at(s, t, j)];
+                acc += dot * scale_at(s, t, k);
             }
             out[(size_t)i * ldo + (t - t0)] = acc;
         }
@@ -108,96 +129,113 @@ static void score_c(const KVStream *s, const float *q, int nq, int t0, int t1, f
 }
 
 static void accum_c(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
-    const int nb = s->d / QK;
     for (int t = t0; t < t1; t++) {
-        const BlockQ8 *b = row(s, t);
-        for (int k = 0; k < nb; k++) {
-            float d = f16_to_f32(b[k].d);
+        const uint8_t *tl = tile(s, t);
+        for (int k = 0; k < s->d / QK; k++) {
+            const float d = scale_at(s, t, k);
             for (int i = 0; i < nq; i++) {
-                float w = p[(size_t)i * ldp + (t - t0)] * d;
-                float *ai = acc + (size_t)i * s->d + k * QK;
-                for (int j = 0; j < QK; j++) ai[j] += w * b[k].q[j];
+                const float w = p[(size_t)i * ldp + (t - t0)] * d;
+                float *ai = acc + (size_t)i * s->d;
+                for (int j = k * QK; j < (k + 1) * QK; j++) ai[j] += w * (int8_t)tl[code_at(s, t, j)];
             }
         }
     }
 }
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE __attribute__((target("avx2"), always_inline)) static inline
 
-/* 32 int8 codes -> 4 x 8 floats (elements 0-7, 8-15, 16-23, 24-31). */
-AVX2 static inline void widen32(const uint8_t *c, __m256 v[4]) {
-    for (int k = 0; k < 4; k++)
-        v[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8 * k))));
+/* Block k of position t's 32 codes in order, for the float paths. K: the
+ * block's 8 quads are 8 lines apart (one gather); V: the pair's 64 bytes
+ * for the block, this position's byte of each word picked out of both
+ * halves, then the four 8-value pieces put in order. */
+AVX2_INLINE __m256i codes32(const KVStream *s, int t, int k) {
+    const uint8_t *tl = tile(s, t);
+    if (s->role == 0) {
+        const __m256i at = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
+        return _mm256_i32gather_epi32((const int *)(tl + code_at(s, t, k * QK)), at, 1);
+    }
+    const uint8_t *c = tl + code_at(s, t & ~1, k * QK);
+    const __m256i pick = t % 2 ? _mm256_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9,
+                                                  11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15)
+                               : _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8,
+                                                  10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    /* values 0-7 | 8-15 in x's lanes, 16-23 | 24-31 in y's (low 8 bytes each) */
+    const __m256i x = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)c), pick),
+                  y = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(c + 32)), pick);
+    return _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(x, y), 0xD8);
 }
 
-BLOCK32_AVX2_KERNELS(widen32, sizeof(BlockQ8))
+/* block32_avx2.h's view: block k as 4 x 8 floats (elements 0-7 .. 24-31), and its scale. */
+AVX2_INLINE float load32(const KVStream *s, int t, int k, __m256 v[4]) {
+    const __m256i c = codes32(s, t, k);
+    const __m128i lo = _mm256_castsi256_si128(c), hi = _mm256_extracti128_si256(c, 1);
+    v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    v[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    return scale_at(s, t, k);
+}
+
+BLOCK32_AVX2_KERNELS(load32)
 
 /* Block j / 32 of position t: codes times the scale, exactly the
  * dequantized floats. */
 TILE512 void block512(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi) {
-    const BlockQ8 *b = row(s, t) + j / QK;
-    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
-    *lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->q))));
-    *hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->q + 16)))));
+    const __m256i c = codes32(s, t, j / QK);
+    const __m512 d = _mm512_set1_ps(scale_at(s, t, j / QK));
+    *lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c))));
+    *hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(c, 1))));
 }
 
-TILE512_KERNELS(block512, row_bytes(s))
+/* tile512.h prefetches by rows of rb bytes: 17·d / 16 is a tile's bytes
+ * per position, so row t + 16 falls in the tile of position t + 16. */
+TILE512_KERNELS(block512, tile_bytes(s) / TT)
 
-/* ---- integer scores (AVX-512 VNNI) ----------------------------------------
- * Where the CPU has VNNI and d = 128, scores are llama.cpp's q8_0 x q8_0
- * dot product: each query is rounded to q8_0 blocks once per call
- * (kernels/quant32.h, as the drafter rounds its activations), the cached
- * codes are moved to u8 by flipping their sign bit (k + 128) and vpdpbusd
- * adds 4 products per lane. Two blocks fill a register (lanes 0-7 and
- * 8-15); the accumulator starts at -128 Σ q of each block, which takes the
- * +128 back off. For four positions at a time the 8 registers of lane sums
- * are then added in integers down to one register of 16 exact block dots
- * (position r, block b), which is converted and scaled once by a vector of
- * d_k · d_q (the 16 d_k fetched by one gather), and each position's four
- * scaled blocks are summed as (b0 + b2) + (b1 + b3). Scaling every lane
- * before summing took a scale vector per position built from scalars, two
- * conversions and three multiplies per head and position: scores of 2 heads
- * went from 7.9 to 6.2 ns per position (L3-resident, 1 thread); inside the
- * model at 32K, where the cache streams from memory, q8 decode did not
- * change (1.48x f16 both, alternating in one process). The rounding of q adds at most about 3e-3 ‖q‖‖k‖ on random data
- * (score_err); q8_score_int is the same arithmetic in plain C.
+/* ---- integer tiles (AVX-512 VNNI, d = 128) --------------------------------
+ * Scores are llama.cpp's q8_0 x q8_0 dot product: each query is rounded to
+ * q8_0 blocks once per call (kernels/quant32.h, as the drafter rounds its
+ * activations). A K tile's line g holds values 4g..4g+3 of its 16
+ * positions; the codes go to u8 by flipping their sign bit (k + 128), and
+ * vpdpbusd with the query's 4 bytes g broadcast adds the 4 products of each
+ * position into its lane. Each block's 8 lines go into their own
+ * accumulator, started at -128 Σ q of the block (which takes the +128 back
+ * off), so a tile ends as 4 registers of exact block dots, lane = position:
  *
- *   lanes of the two registers a position fills, per head:
- *   | blk 0: 8 lanes of 4 products | blk 1 | | blk 2 | blk 3 |
- *   after the integer sums, lane 4c + w of the four positions' register:
- *   position 2(c / 2) + w / 2, block c % 2 + 2(w % 2)
- */
+ *   score(t) = (f0 + f1) + (f2 + f3),   f_b = dot_b · (d_k,b · d_q,b)
+ *
+ * with the 16 d_k of block b one 32-byte load. The rounding of q adds at
+ * most about 3e-3 ‖q‖‖k‖ on random data (score_err); q8_score_int is the
+ * same arithmetic in plain C. */
 
 /* One head's query in q8_0 blocks, as the integer score reads it. */
 typedef struct {
     int8_t c[128];
-    float dq[4];         /* block scales d_q, 0 for an all-zero block */
-    int32_t bias[2][16]; /* accumulator starts: -128 Σ c of a block in its first lane */
+    float dq[4];      /* block scales d_q, 0 for an all-zero block */
+    int32_t bias[4];  /* accumulator starts, -128 Σ c of a block */
 } Q8Query;
 
 /* 0, or -1 when q has a non-finite value (the float path takes it). */
 static int q8_query_ref(const float *q, Q8Query *o) {
     for (int j = 0; j < 128; j++)
         if (!isfinite(q[j])) return -1;
-    memset(o->bias, 0, sizeof o->bias);
-    for (int b = 0; b < 4; b++) o->dq[b] = quantize32_ref(q + QK * b, o->c + QK * b, &o->bias[b / 2][8 * (b % 2)]);
+    for (int b = 0; b < 4; b++) o->dq[b] = quantize32_ref(q + QK * b, o->c + QK * b, &o->bias[b]);
     return 0;
 }
 
 static int q8_score_int(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    if (s->d != 128) return -1;
+    if (s->d != 128 || s->role != 0) return -1;
     for (int i = 0; i < nq; i++) {
         Q8Query o;
         if (q8_query_ref(q + (size_t)i * 128, &o)) return -1;
         for (int t = t0; t < t1; t++) {
-            const BlockQ8 *blk = row(s, t);
+            const uint8_t *tl = tile(s, t);
             float f[4];
             for (int b = 0; b < 4; b++) {
                 int32_t dot = 0; /* exact: |dot| <= 32 * 128 * 127 */
-                for (int j = 0; j < QK; j++) dot += blk[b].q[j] * o.c[QK * b + j];
-                f[b] = (float)dot * (f16_to_f32(blk[b].d) * o.dq[b]);
+                for (int j = QK * b; j < QK * (b + 1); j++) dot += (int8_t)tl[code_at(s, t, j)] * o.c[j];
+                f[b] = (float)dot * (scale_at(s, t, b) * o.dq[b]);
             }
-            out[(size_t)i * ldo + (t - t0)] = (f[0] + f[2]) + (f[1] + f[3]);
+            out[(size_t)i * ldo + (t - t0)] = (f[0] + f[1]) + (f[2] + f[3]);
         }
     }
     return 0;
@@ -211,91 +249,79 @@ VNNI_INLINE int q8_query(const float *q, Q8Query *o) {
     __mmask16 bad = 0;
     for (int j = 0; j < 128; j += 16) bad |= _mm512_fpclass_ps_mask(_mm512_loadu_ps(q + j), 0x99); /* NaN, ±inf */
     if (bad) return -1;
-    memset(o->bias, 0, sizeof o->bias);
-    for (int b = 0; b < 4; b++) o->dq[b] = quantize32_512(q + QK * b, o->c + QK * b, &o->bias[b / 2][8 * (b % 2)]);
+    for (int b = 0; b < 4; b++) o->dq[b] = quantize32_512(q + QK * b, o->c + QK * b, &o->bias[b]);
     return 0;
 }
 
-/* A position's bytes at d = 128, the only head dim these kernels take (a
- * constant, so that the prefetch and gather offsets unroll). */
-#define ROW128 (4 * sizeof(BlockQ8))
+/* A tile's bytes at d = 128, the only head dim these kernels take (a
+ * constant, so that offsets unroll). */
+#define TILE128 (17 * 128)
 
-/* d_k of positions t..t+R-1 in the lane order above, as floats: one gather
- * of the dword at each block's start (its low half is the fp16 scale). */
-VNNI_INLINE __m512 scales4(const KVStream *s, int t, int R) {
-    const __m512i pos = _mm512_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1, 2, 2, 3, 3, 2, 2, 3, 3),
-                  blk = _mm512_setr_epi32(0, 2, 0, 2, 1, 3, 1, 3, 0, 2, 0, 2, 1, 3, 1, 3);
-    const __m512i at = _mm512_add_epi32(_mm512_mullo_epi32(pos, _mm512_set1_epi32(ROW128)),
-                                        _mm512_mullo_epi32(blk, _mm512_set1_epi32(sizeof(BlockQ8))));
-    const __mmask16 k = _mm512_cmplt_epi32_mask(pos, _mm512_set1_epi32(R)); /* positions past t1 unread */
-    const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, at, (const void *)row(s, t), 1);
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+/* Eighth r of the tile AHEAD tiles on, into L2: its 4 lines (the eighth
+ * eighth also takes the tile's last 2), one call per step of 2 positions'
+ * work. Every line needs its own prefetch (one per 128 bytes left half the
+ * lines to demand misses), and spread out, since each holds a fill buffer
+ * until its line arrives: 17 at the start of a tile stalled the loop. At
+ * 32K positions, 2 threads, score and sum ran 12% faster than on rows of
+ * blocks with prefetches into L1 16 positions ahead; those rows gained 4%
+ * from far prefetches into L2. */
+#define AHEAD 16
+VNNI_INLINE void tile_ahead(const KVStream *s, int t, int r) {
+    const char *a = (const char *)s->data + (size_t)(t / TT + AHEAD) * TILE128 + 256 * r;
+    for (int b = 0; b < (r == 7 ? 384 : 256); b += 64) _mm_prefetch(a + b, _MM_HINT_T1);
 }
 
-/* Positions [t0, t1) for NQ <= 4 prepared heads, four positions a step. */
-VNNI_INLINE void score_int_body(const KVStream *s, const int NQ, const Q8Query *o, int t0, int t1, float *out,
-                                int ldo) {
+/* Lanes of the tile starting at ta that fall in [t0, t1). */
+VNNI_INLINE __mmask16 in_range(int ta, int t0, int t1) {
+    const int lo = t0 > ta ? t0 - ta : 0, hi = t1 - ta < TT ? t1 - ta : TT;
+    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
+/* Scores [t0, t1) for NQ <= 4 prepared heads, a tile at a time. */
+VNNI_INLINE void score_tiles(const KVStream *s, const int NQ, const Q8Query *o, int t0, int t1, float *out, int ldo) {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    /* lanes 0, 2, 8, 10 hold the four positions' scores at the end */
-    const __m512i pick = _mm512_setr_epi32(0, 2, 8, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m512i c[4][2], bias[4][2];
-    __m512 dq[4];
-    for (int i = 0; i < NQ; i++) {
-        for (int h = 0; h < 2; h++) {
-            c[i][h] = _mm512_loadu_si512(o[i].c + 64 * h);
-            bias[i][h] = _mm512_loadu_si512(o[i].bias[h]);
-        }
-        /* block c % 2 + 2 (w % 2) of lane 4c + w */
-        const float *d = o[i].dq;
-        dq[i] = _mm512_setr_ps(d[0], d[2], d[0], d[2], d[1], d[3], d[1], d[3], d[0], d[2], d[0], d[2], d[1], d[3], d[1],
-                               d[3]);
-    }
-    for (int t = t0; t < t1; t += 4) {
-        const int R = t1 - t < 4 ? t1 - t : 4;
-        __m512i k[4][2];
+    for (int ta = t0 - t0 % TT; ta < t1; ta += TT) {
+        const uint8_t *tl = tile(s, ta);
+        __m512i a[4][4];
+        for (int i = 0; i < NQ; i++)
+            for (int b = 0; b < 4; b++) a[i][b] = _mm512_set1_epi32(o[i].bias[b]);
+        /* line g = 8b + r of block b; the four blocks in turn, so that
+         * 4 · NQ accumulators are in flight (vpdpbusd takes 5 cycles) */
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            tile_ahead(s, ta, r);
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            if (r >= R) {
-                k[r][0] = k[r][1] = _mm512_setzero_si512();
-                continue;
-            }
-            const BlockQ8 *b = row(s, t + r);
-            tile_prefetch(s, ROW128, t + r);
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                const __m256i x = _mm256_loadu_si256((const __m256i *)b[2 * h].q),
-                              y = _mm256_loadu_si256((const __m256i *)b[2 * h + 1].q);
-                k[r][h] = _mm512_xor_si512(flip, _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1));
+            for (int b = 0; b < 4; b++) {
+                const __m512i k = _mm512_xor_si512(flip, _mm512_loadu_si512(tl + 128 + 64 * (8 * b + r)));
+                for (int i = 0; i < NQ; i++) {
+                    int32_t c4; /* the query's 4 codes of line 8b + r */
+                    memcpy(&c4, o[i].c + 4 * (8 * b + r), 4);
+                    a[i][b] = _mm512_dpbusd_epi32(a[i][b], k, _mm512_set1_epi32(c4));
+                }
             }
         }
-        const __m512 dk = scales4(s, t, R);
+        /* lane = position ta + lane; edge tiles keep the lanes in range,
+         * moved down to the front */
+        const __mmask16 m = in_range(ta, t0, t1);
+        const int first = ta > t0 ? ta - t0 : 0;
         for (int i = 0; i < NQ; i++) {
-            /* per position: the two registers' lanes interleaved and added
-             * (each 128-bit chunk then holds two partial sums of a block of
-             * each); positions paired the same way; chunks of a block added */
-            __m512i u[4];
-            for (int r = 0; r < 4; r++) {
-                const __m512i a = _mm512_dpbusd_epi32(bias[i][0], k[r][0], c[i][0]),
-                              b = _mm512_dpbusd_epi32(bias[i][1], k[r][1], c[i][1]);
-                u[r] = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+            __m512 f[4];
+            for (int b = 0; b < 4; b++) {
+                const __m512 dk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tl + 32 * b)));
+                f[b] = _mm512_mul_ps(_mm512_cvtepi32_ps(a[i][b]), _mm512_mul_ps(dk, _mm512_set1_ps(o[i].dq[b])));
             }
-            const __m512i v01 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1])),
-                          v23 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2], u[3]), _mm512_unpackhi_epi64(u[2], u[3]));
-            const __m512i w =
-                _mm512_add_epi32(_mm512_shuffle_i32x4(v01, v23, 0x88), _mm512_shuffle_i32x4(v01, v23, 0xDD));
-            /* scaled blocks, then (b0 + b2) in lane pairs, + (b1 + b3) from the next chunk */
-            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(w), _mm512_mul_ps(dk, dq[i]));
-            const __m512 g = _mm512_add_ps(f, _mm512_permute_ps(f, 0xB1));
-            const __m512 e = _mm512_add_ps(g, _mm512_shuffle_f32x4(g, g, 0xB1));
-            _mm_mask_storeu_ps(out + (size_t)i * ldo + (t - t0), (__mmask8)((1u << R) - 1),
-                               _mm512_castps512_ps128(_mm512_permutexvar_ps(pick, e)));
+            const __m512 sc = _mm512_add_ps(_mm512_add_ps(f[0], f[1]), _mm512_add_ps(f[2], f[3]));
+            float *oi = out + (size_t)i * ldo + first;
+            if (m == 0xffff) _mm512_storeu_ps(oi, sc);
+            else _mm512_mask_storeu_ps(oi, (__mmask16)((1u << __builtin_popcount(m)) - 1), _mm512_maskz_compress_ps(m, sc));
         }
     }
 }
 
-/* 0, or -1 when this call is not the integer path's (d, non-finite q). */
+/* 0, or -1 when this call is not the integer path's (d, a V stream's
+ * layout, non-finite q). */
 VNNI static int score_int(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    if (s->d != 128) return -1;
+    if (s->d != 128 || s->role != 0) return -1;
     for (int i0 = 0; i0 < nq; i0 += 4) {
         const int m = nq - i0 < 4 ? nq - i0 : 4;
         Q8Query o[4];
@@ -303,10 +329,10 @@ VNNI static int score_int(const KVStream *s, const float *q, int nq, int t0, int
             if (q8_query(q + (size_t)(i0 + i) * 128, &o[i])) return -1;
         float *oi = out + (size_t)i0 * ldo;
         switch (m) {
-        case 1: score_int_body(s, 1, o, t0, t1, oi, ldo); break;
-        case 2: score_int_body(s, 2, o, t0, t1, oi, ldo); break;
-        case 3: score_int_body(s, 3, o, t0, t1, oi, ldo); break;
-        default: score_int_body(s, 4, o, t0, t1, oi, ldo); break;
+        case 1: score_tiles(s, 1, o, t0, t1, oi, ldo); break;
+        case 2: score_tiles(s, 2, o, t0, t1, oi, ldo); break;
+        case 3: score_tiles(s, 3, o, t0, t1, oi, ldo); break;
+        default: score_tiles(s, 4, o, t0, t1, oi, ldo); break;
         }
     }
     return 0;
@@ -319,33 +345,79 @@ static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, 
     else score_c(s, q, nq, t0, t1, out, ldo);
 }
 
-/* Position t as pairs16.h reads it: block g's 32 codes as int16, and its
- * scale. */
-PAIRS16 void dec16(const KVStream *s, int t, __m512i x[4]) {
-    const BlockQ8 *b = row(s, t);
-    for (int g = 0; g < 4; g++) x[g] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)b[g].q));
-}
-
-/* 16 positions' fp16 scales of block g in one gather (a dword from each
- * block's start, its low half the scale), as floats. */
-PAIRS16 __m512 scale16(const KVStream *s, int t, int g, __mmask16 k) {
-    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32((int)row_bytes(s)));
-    const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, at, (const void *)(row(s, t) + g), 1);
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
-}
-
-/* acc += Σ p v in integers (pairs16.h), added only once all of it is
- * summed: 0, or -1 with acc untouched (the float path takes the call). */
-VNNI static int accum_int(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
-    __m512 sum[8][4][2];
-    if (s->d != 128 || p16_accum(s, dec16, scale16, 0, row_bytes(s), p, ldp, nq, t0, t1, sum)) return -1;
-    for (int i = 0; i < nq; i++)
-        for (int g = 0; g < 4; g++)
-            for (int h = 0; h < 2; h++) {
-                float *a = acc + (size_t)i * 128 + 32 * g + 16 * h;
-                _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), sum[i][g][h]));
+/* Sums acc_i += Σ_t p_i,t v_t over V tiles, as pairs16.h's integer spans
+ * (weights p · d rounded to int16 per span, see there) but with no
+ * shuffles: spans start on a tile, each pair's 32 bytes of a 16-value
+ * piece widen straight to the word pairs vpdpwssd takes, lane j = value j
+ * of the piece, and a tile's 16 scales of a block are one load. Positions
+ * of the span's tiles outside [t0, t1) get weight 0. NH <= 2 heads:
+ * sum[i][c] gets values 16c..16c+15. -1 when a weight is not finite. */
+VNNI_INLINE int accum_tiles(const KVStream *s, const float *p, int ldp, const int NH, int t0, int t1,
+                            __m512 (*sum)[8]) {
+    for (int ta = t0 - t0 % TT; ta < t1; ta += P16_SPAN) {
+        const int n = t1 - ta < P16_SPAN ? t1 - ta : P16_SPAN, np = (n + TT - 1) / TT * TT;
+        float wf[2][4][P16_SPAN] __attribute__((aligned(64)));
+        int16_t wq[2][4][P16_SPAN] __attribute__((aligned(64)));
+        float inv[2];
+        for (int u = 0; u < np; u += TT) {
+            /* weights in range; an edge tile's lanes read only p's own entries */
+            const __mmask16 m = in_range(ta + u, t0, t1);
+            const int first = ta + u > t0 ? ta + u - t0 : 0;
+            const uint8_t *tl = tile(s, ta + u);
+            for (int i = 0; i < NH; i++) {
+                const float *pi = p + (size_t)i * ldp + first;
+                const __m512 w = m == 0xffff ? _mm512_loadu_ps(pi) : _mm512_maskz_expandloadu_ps(m, pi);
+                for (int g = 0; g < 4; g++) {
+                    const __m512 d = _mm512_maskz_cvtph_ps(m, _mm256_loadu_si256((const __m256i *)(tl + 32 * g)));
+                    _mm512_store_ps(wf[i][g] + u, _mm512_mul_ps(w, d));
+                }
             }
+        }
+        for (int i = 0; i < NH; i++)
+            if (p16_round((const float (*)[P16_SPAN])wf[i], 4, np, wq[i], &inv[i])) return -1;
+        __m512i a[2][8];
+        for (int i = 0; i < NH; i++)
+            for (int c = 0; c < 8; c++) a[i][c] = _mm512_setzero_si512();
+        for (int u0 = 0; u0 < np; u0 += TT) {
+            const uint8_t *tl = tile(s, ta + u0);
+            for (int u = u0; u < u0 + TT; u += 2) {
+                const uint8_t *pr = tl + 128 + (u - u0) / 2 * 256;
+                tile_ahead(s, ta + u0, (u - u0) / 2);
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    const __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(pr + 32 * c)));
+                    for (int i = 0; i < NH; i++) {
+                        int32_t pair;
+                        memcpy(&pair, &wq[i][c / 2][u], 4);
+                        a[i][c] = _mm512_dpwssd_epi32(a[i][c], x, _mm512_set1_epi32(pair));
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < NH; i++)
+            for (int c = 0; c < 8; c++)
+                sum[i][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[i][c]), _mm512_set1_ps(inv[i]), sum[i][c]);
+    }
+    return 0;
+}
+
+/* acc += Σ p v in integers, two heads at a time, added only once all of it
+ * is summed: 0, or -1 with acc untouched (the float path takes the call). */
+VNNI static int accum_int(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    if (s->d != 128 || s->role != 1 || nq > 8) return -1;
+    __m512 sum[8][8];
+    for (int i = 0; i < nq; i++)
+        for (int c = 0; c < 8; c++) sum[i][c] = _mm512_setzero_ps();
+    for (int i0 = 0; i0 < nq; i0 += 2) {
+        const float *pi = p + (size_t)i0 * ldp;
+        if (nq - i0 >= 2 ? accum_tiles(s, pi, ldp, 2, t0, t1, sum + i0) : accum_tiles(s, pi, ldp, 1, t0, t1, sum + i0))
+            return -1;
+    }
+    for (int i = 0; i < nq; i++)
+        for (int c = 0; c < 8; c++) {
+            float *a = acc + (size_t)i * 128 + 16 * c;
+            _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), sum[i][c]));
+        }
     return 0;
 }
 
@@ -356,7 +428,7 @@ static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0,
     else accum_c(s, p, ldp, nq, t0, t1, acc);
 }
 
-static size_t q8_bytes(const KVStream *s) { return (size_t)s->cap * row_bytes(s); }
+static size_t q8_bytes(const KVStream *s) { return n_tiles(s) * tile_bytes(s); }
 
 const KVScheme kv_q8 = {
     .name = "q8", .desc = "llama.cpp q8_0: fp16 scale + 32 int8 (8.5 bits)",

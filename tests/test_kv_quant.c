@@ -26,30 +26,47 @@ static void open_spec(KVStream *s, const char *spec, int d, int cap, int role) {
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
-/* ---- q8 / q4: ggml block layouts ---- */
+/* ---- q8 / q4: ggml blocks (q8's in tiles of 16 positions) ---- */
+
+/* Code j of position t in a q8 tile at d = 64, as kv/q8.c draws it: after
+ * 64 bytes of scales, K keeps 4 values of all 16 positions per 64-byte
+ * line, V interleaves positions 2i and 2i+1 byte by byte. */
+static int8_t q8_code(const KVStream *s, int t, int j) {
+    return (int8_t)(s->role == 0 ? s->data[64 + (j / 4) * 64 + 4 * t + j % 4] : s->data[64 + (t / 2) * 128 + 2 * j + t % 2]);
+}
 
 Test(kv_quant, q8_block_layout) {
-    KVStream s;
-    open_spec(&s, "q8", 64, 2, 0);
     /* block 0: amax 127 gives d = 1 exactly, so codes are roundf(x), ties away from 0;
-     * block 1: all zero gives d = 0 and zero codes, no NaN */
-    float x[64] = {0};
+     * block 1: all zero gives d = 0 and zero codes, no NaN; position 1
+     * holds -x, so that both of a V pair's bytes are seen */
+    float x[2][64] = {{0}};
     const float v[8] = {127, -127, 0.5f, -0.5f, 2.49f, -63.5f, 1.5f, 100.2f};
     const int8_t want[8] = {127, -127, 1, -1, 2, -64, 2, 100};
-    for (int j = 0; j < 8; j++) x[3 * j + 1] = v[j];
-    kv_stream_append(&s, x);
-    cr_assert_eq(rd16(s.data), 0x3C00, "q8 d: %04x, expected fp16 1.0", rd16(s.data));
-    for (int j = 0; j < 32; j++) {
-        int8_t q = (int8_t)s.data[2 + j];
-        int8_t e = j % 3 == 1 && j / 3 < 8 ? want[j / 3] : 0;
-        cr_expect_eq(q, e, "q8 q[%d] = %d, expected %d", j, q, e);
+    for (int j = 0; j < 8; j++) x[0][3 * j + 1] = v[j], x[1][3 * j + 1] = -v[j];
+    for (int role = 0; role < 2; role++) {
+        KVStream s;
+        open_spec(&s, "q8", 64, 2, role);
+        kv_stream_append(&s, x[0]);
+        kv_stream_append(&s, x[1]);
+        /* scales: fp16 [block][16 positions] */
+        for (int t = 0; t < 2; t++) {
+            cr_assert_eq(rd16(s.data + 2 * t), 0x3C00, "role %d t=%d d: %04x, expected fp16 1.0", role, t,
+                         rd16(s.data + 2 * t));
+            cr_expect_eq(rd16(s.data + 32 + 2 * t), 0, "all-zero block must have d = 0");
+        }
+        for (int t = 0; t < 2; t++)
+            for (int j = 0; j < 64; j++) {
+                const int8_t e = j % 3 == 1 && j / 3 < 8 ? want[j / 3] : 0;
+                cr_expect_eq(q8_code(&s, t, j), t ? -e : e, "role %d t=%d q[%d] = %d, expected %d", role, t, j,
+                             q8_code(&s, t, j), t ? -e : e);
+            }
+        float y[64];
+        for (int t = 0; t < 2; t++) {
+            s.scheme->dequant(&s, t, y);
+            for (int j = 0; j < 64; j++) cr_expect(!isnan(y[j]) && y[j] == (j < 32 ? q8_code(&s, t, j) : 0));
+        }
+        kv_stream_free(&s);
     }
-    cr_expect_eq(rd16(s.data + 34), 0, "all-zero block must have d = 0");
-    for (int j = 0; j < 32; j++) cr_expect_eq(s.data[36 + j], 0);
-    float y[64];
-    s.scheme->dequant(&s, 0, y);
-    for (int j = 0; j < 64; j++) cr_expect(!isnan(y[j]) && y[j] == (j < 32 ? (int8_t)s.data[2 + j] : 0));
-    kv_stream_free(&s);
 }
 
 /* ggml q4_0 with the largest-|x| element negative: d = m / -8 > 0, so m
