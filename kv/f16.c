@@ -26,8 +26,11 @@ static int f16_check(int d, const KVOpts *o, char *err, size_t errlen) {
     return 0;
 }
 
+/* On a 64-byte line: malloc's large blocks sit 16 bytes into a page, which
+ * split half of the 32-byte loads across two lines (at 32K positions,
+ * 2 threads, attention ran about 3% slower). */
 static int f16_init(KVStream *s, char *err, size_t errlen) {
-    s->data = malloc((size_t)s->cap * s->d * sizeof(uint16_t));
+    s->data = aligned_alloc(64, ((size_t)s->cap * s->d * sizeof(uint16_t) + 63) & ~(size_t)63);
     if (!s->data) { snprintf(err, errlen, "f16: out of memory for %d positions", s->cap); return -1; }
     return 0;
 }
