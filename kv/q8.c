@@ -257,14 +257,14 @@ VNNI_INLINE int q8_query(const float *q, Q8Query *o) {
  * constant, so that offsets unroll). */
 #define TILE128 (17 * 128)
 
-/* Eighth r of the tile AHEAD tiles on, into L2: its 4 lines (the eighth
- * eighth also takes the tile's last 2), one call per step of 2 positions'
- * work. Every line needs its own prefetch (one per 128 bytes left half the
- * lines to demand misses), and spread out, since each holds a fill buffer
- * until its line arrives: 17 at the start of a tile stalled the loop. At
- * 32K positions, 2 threads, score and sum ran 12% faster than on rows of
- * blocks with prefetches into L1 16 positions ahead; those rows gained 4%
- * from far prefetches into L2. */
+/* Eighth r of the tile AHEAD tiles on, into L2: 5 lines from byte 272r,
+ * which cover the tile's 34 between them, one call per step of 2
+ * positions' work. Every line needs its own prefetch (one per 128 bytes
+ * left half the lines to demand misses), and spread out, since each holds
+ * a fill buffer until its line arrives: 17 at the start of a tile stalled
+ * the loop. At 32K positions, 2 threads, score and sum ran 12% faster than
+ * on rows of blocks with prefetches into L1 16 positions ahead; those rows
+ * gained 4% from far prefetches into L2. */
 #define AHEAD 16
 VNNI_INLINE void tile_ahead(const KVStream *s, int t, int r) {
     const char *a = (const char *)s->data + (size_t)(t / TT + AHEAD) * TILE128 + TILE128 / 8 * r;
