@@ -11,10 +11,10 @@
  * The scheme passes LOAD(s, t, k, v), which turns block k of position t
  * into 4 x 8 floats (elements 0-7, 8-15, 16-23, 24-31) before the scale
  * and returns the scale; each block is loaded once per position and feeds
- * every head. Scores: acc_i += d ·
- * (q_i[block] ⊙ codes), then one horizontal sum per head; up to B32_HEADS
- * heads per pass (their accumulators, 4 code vectors and the scale fit 16
- * registers). Sums: acc_i[block] += (p_i,t · d) · codes.
+ * every head. Scores: acc_i += d · (q_i[block] ⊙ codes), then one
+ * horizontal sum per head; up to B32_HEADS heads per pass (their
+ * accumulators, 4 code vectors and the scale fit 16 registers). Sums:
+ * acc_i[block] += (p_i,t · d) · codes.
  */
 #ifndef KV_BLOCK32_AVX2_H
 #define KV_BLOCK32_AVX2_H
@@ -96,14 +96,14 @@ B32_AVX2 void b32_accum(const KVStream *s, B32Load load, const float *p, int ldp
 
 /* The scheme file's AVX2 entry points, score_avx2 and accum_avx2, over its
  * block loader. */
-#define BLOCK32_AVX2_KERNELS(LOAD)                                                                             \
-    __attribute__((target("avx2,fma,f16c"))) static void score_avx2(const KVStream *s, const float *q, int nq,     \
-                                                                    int t0, int t1, float *out, int ldo) {         \
-        b32_score(s, LOAD, q, nq, t0, t1, out, ldo);                                                            \
+#define BLOCK32_AVX2_KERNELS(LOAD)                                                                                   \
+    __attribute__((target("avx2,fma,f16c"))) static void score_avx2(const KVStream *s, const float *q, int nq,       \
+                                                                    int t0, int t1, float *out, int ldo) {           \
+        b32_score(s, LOAD, q, nq, t0, t1, out, ldo);                                                                 \
     }                                                                                                                \
-    __attribute__((target("avx2,fma,f16c"))) static void accum_avx2(const KVStream *s, const float *p, int ldp,    \
-                                                                    int nq, int t0, int t1, float *acc) {          \
-        b32_accum(s, LOAD, p, ldp, nq, t0, t1, acc);                                                            \
+    __attribute__((target("avx2,fma,f16c"))) static void accum_avx2(const KVStream *s, const float *p, int ldp,      \
+                                                                    int nq, int t0, int t1, float *acc) {            \
+        b32_accum(s, LOAD, p, ldp, nq, t0, t1, acc);                                                                 \
     }
 
 #endif

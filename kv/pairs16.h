@@ -1,9 +1,11 @@
 /* pairs16.h: the accumulate half of attention (acc_i += Σ_t p_i,t v_t) as
  * 16-bit integer dot products over pairs of positions, for the schemes
- * whose cached values are small integers times a float scale (q8's codes,
- * tbq4's codebook rounded to 10 bits), on CPUs with AVX-512 VNNI.
+ * whose cached values are small integers times a float scale, stored a
+ * position per row (tbq4's codebook rounded to 10 bits), on CPUs with
+ * AVX-512 VNNI. q8, whose tiles hold pairs already interleaved, has its own
+ * loop (kv/q8.c) and shares the weights' rounding, p16_round.
  *
- * Data flow: kv_accum -> scheme's accumulate -> pairs16_accum. The scheme
+ * Data flow: kv_accum -> scheme's accumulate -> p16_accum. The scheme
  * supplies two always_inline functions: D(s, t, x) decodes position t into
  * four registers of 32 int16 values (its 128 values, in the scheme's group
  * order), rb is the bytes between positions, and S(s, t, g, k) gives group g's float scales at positions

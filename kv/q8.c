@@ -63,7 +63,7 @@ static size_t tile_bytes(const KVStream *s) { return (size_t)17 * s->d; }
 static size_t n_tiles(const KVStream *s) { return ((size_t)s->cap + TT - 1) / TT; }
 
 /* On a 64-byte line, as the kernels' 64-byte loads of a line each want
- * (calloc's blocks sit 16 bytes into a page: every load split in two).
+ * (malloc's large blocks sit 16 bytes into a page: every load split in two).
  * The integer kernels read whole tiles, unwritten positions of the last
  * one included, and drop what those give: their score lanes are not
  * stored, their weights and scales are masked to 0 before any product. */
