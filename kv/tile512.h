@@ -1,5 +1,5 @@
 /* tile512.h: AVX-512 attention loops for the KV schemes whose cached values
- * widen to floats 32 at a time (f16, q8, q4), included by those schemes'
+ * widen to floats 32 at a time (f16, q4), included by those schemes'
  * files.
  *
  * Data flow: attn_group -> kv_score / kv_accum -> scheme -> these loops; the
@@ -7,7 +7,7 @@
  * values j..j+31 of position t as dequantized floats (a constant pointer
  * into always_inline loops, which GCC inlines at -O2 and up, so the loops
  * compile once per scheme with the widening in registers; 32 at a time so
- * that q8 converts one block scale per call).
+ * that q4 converts one block scale per call).
  *
  *   score:  out[i][t] = q_i . k_t      tiles of 4 positions x up to 4 heads:
  *           each widened key vector feeds every head, 16-lane partial
