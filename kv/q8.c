@@ -203,6 +203,8 @@ F512 void score_tiles_f(const KVStream *s, const int NQ, const float *q, int t0,
     const int d = s->d;
     for (int ta = t0 - t0 % TT; ta < t1; ta += TT) {
         const uint8_t *tl = tile(s, ta);
+        /* a light prefetch two tiles on (untuned, as are the sums' below:
+         * these paths serve CPUs without VNNI, which this host is not) */
         _mm_prefetch((const char *)tl + 2 * tile_bytes(s), _MM_HINT_T0);
         __m512 acc[4];
         for (int i = 0; i < NQ; i++) acc[i] = _mm512_setzero_ps();
