@@ -1,12 +1,11 @@
-/* block32_avx2.h: the AVX2 attention loops of the llama.cpp block schemes
- * (q8_0, q4_0), included by kv/q8.c and kv/q4.c.
+/* block32_avx2.h: the AVX2 attention loops of a llama.cpp block scheme
+ * (q4_0), included by kv/q4.c (q8_0, in tiles, has its own: kv/q8.c).
  *
- * Data flow: attn_group -> kv_score / kv_accum -> q8.c / q4.c, on AVX2
- * machines without AVX-512 (those take kv/tile512.h). A position is d/32
- * blocks of 32 codes and an fp16 scale, wherever the scheme keeps them:
+ * Data flow: attn_group -> kv_score / kv_accum -> q4.c, on AVX2 machines
+ * without AVX-512 (those take kv/tile512.h). A position is d/32 blocks of
+ * 32 codes and an fp16 scale, wherever the scheme keeps them:
  *
  *   q4_0: | fp16 d | 16 B of nibbles | per block, rows of blocks
- *   q8_0: tiles of 16 positions (kv/q8.c)
  *
  * The scheme passes LOAD(s, t, k, v), which turns block k of position t
  * into 4 x 8 floats (elements 0-7, 8-15, 16-23, 24-31) before the scale

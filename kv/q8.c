@@ -6,8 +6,8 @@
  * and writes them into its tile; attention scores and sums straight from
  * the tiles (q8_score, q8_accum), never widening a cached vector into a
  * float buffer: with AVX-512 VNNI as integer dot products over whole tiles,
- * else with AVX-512 in floats over whole tiles (both below), else AVX2
- * (kv/block32_avx2.h, through gathers) or plain C through the accessors.
+ * else in floats over whole tiles with AVX-512 or AVX2 (all below), else
+ * plain C through the accessors.
  *
  *   tile (16 positions, 17·d bytes): | scales | codes |
  *   scales: fp16 [d/32 blocks][16 positions]          d bytes
@@ -31,7 +31,6 @@
 #include "kernels/half.h"
 #include "kernels/matmul.h"
 #include "kernels/quant32.h"
-#include "kv/block32_avx2.h"
 #include "kv/kv.h"
 #include "kv/pairs16.h"
 
@@ -144,46 +143,12 @@ static void accum_c(const KVStream *s, const float *p, int ldp, int nq, int t0, 
 #define AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline)) static inline
 
 /* scale_at with F16C, inline: the plain C conversion, called out of line
- * once per block, took a third of the float paths' time. */
+ * once per block, took a third of a float path's time. */
 AVX2_INLINE float scale16c(const KVStream *s, int t, int k) {
     uint16_t h;
     memcpy(&h, tile(s, t) + 2 * ((size_t)k * TT + t % TT), 2);
     return _cvtsh_ss(h);
 }
-
-/* Block k of position t's 32 codes in order, for the float paths. K: the
- * block's 8 quads are 8 lines apart (one gather); V: the pair's 64 bytes
- * for the block, this position's byte of each word picked out of both
- * halves, then the four 8-value pieces put in order. */
-AVX2_INLINE __m256i codes32(const KVStream *s, int t, int k) {
-    const uint8_t *tl = tile(s, t);
-    if (s->role == 0) {
-        const __m256i at = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
-        return _mm256_i32gather_epi32((const int *)(tl + code_at(s, t, k * QK)), at, 1);
-    }
-    const uint8_t *c = tl + code_at(s, t & ~1, k * QK);
-    const __m256i pick = t % 2 ? _mm256_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9,
-                                                  11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15)
-                               : _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8,
-                                                  10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
-    /* values 0-7 | 8-15 in x's lanes, 16-23 | 24-31 in y's (low 8 bytes each) */
-    const __m256i x = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)c), pick),
-                  y = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(c + 32)), pick);
-    return _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(x, y), 0xD8);
-}
-
-/* block32_avx2.h's view: block k as 4 x 8 floats (elements 0-7 .. 24-31), and its scale. */
-AVX2_INLINE float load32(const KVStream *s, int t, int k, __m256 v[4]) {
-    const __m256i c = codes32(s, t, k);
-    const __m128i lo = _mm256_castsi256_si128(c), hi = _mm256_extracti128_si256(c, 1);
-    v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-    v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-    v[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-    v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-    return scale16c(s, t, k);
-}
-
-BLOCK32_AVX2_KERNELS(load32)
 
 /* ---- float tiles (AVX-512) ------------------------------------------------
  * Without VNNI, or for a head dim other than 128, the same tiles in floats,
@@ -195,7 +160,7 @@ BLOCK32_AVX2_KERNELS(load32)
  * split by shifts into two vectors of 16 values, each times its position's
  * weight p_t · d_t. attn_group alone, 1 thread, 32K positions from L3:
  * 19 ns per position (2 heads) against 24 on rows of blocks; reading tiles
- * through the accessors' gathers (as the AVX2 path does) took 62 to 70. */
+ * through a gather per block took 62 to 70. */
 #define F512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) static inline
 
 /* Scores [t0, t1) of a K stream for NQ <= 4 heads, a tile at a time. */
@@ -298,6 +263,89 @@ accum_f512(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, f
             if (nq - i0 >= 2) accum_tiles_f(s, pi, ldp, 2, j0, t0, t1, ai);
             else accum_tiles_f(s, pi, ldp, 1, j0, t0, t1, ai);
         }
+}
+
+/* ---- float tiles (AVX2) ---------------------------------------------------
+ * The same loops in 8 lanes: a K line is two halves of 8 positions; a V
+ * pair's 16 bytes widen to 8 dwords | even | odd |, and the sums go
+ * straight into acc (16 registers hold too little to keep it), every head's
+ * from one decode. attn_group alone as above: 52 ns per position against
+ * 48 on rows of blocks (the scores' shifts) and 77-80 through gathers. */
+#define F256 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+
+/* Scores [t0, t1) of a K stream for NQ <= 2 heads. */
+F256 void score_tiles_a2(const KVStream *s, const int NQ, const float *q, int t0, int t1, float *out, int ldo) {
+    const int d = s->d;
+    for (int ta = t0 - t0 % TT; ta < t1; ta += TT) {
+        const uint8_t *tl = tile(s, ta);
+        _mm_prefetch((const char *)tl + 2 * tile_bytes(s), _MM_HINT_T0);
+        __m256 acc[2][2]; /* [head][positions 0-7, 8-15] */
+        for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        for (int b = 0; b < d / QK; b++) {
+            __m256 blk[2][2];
+            for (int i = 0; i < NQ; i++) blk[i][0] = blk[i][1] = _mm256_setzero_ps();
+            for (int g = 8 * b; g < 8 * b + 8; g++)
+                for (int h = 0; h < 2; h++) {
+                    const __m256i line = _mm256_loadu_si256((const __m256i *)(tl + d + 64 * g + 32 * h));
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) {
+                        const __m256 v = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(line, 24 - 8 * j), 24));
+                        for (int i = 0; i < NQ; i++)
+                            blk[i][h] = _mm256_fmadd_ps(_mm256_set1_ps(q[(size_t)i * d + 4 * g + j]), v, blk[i][h]);
+                    }
+                }
+            for (int h = 0; h < 2; h++) {
+                const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tl + 32 * b + 16 * h)));
+                for (int i = 0; i < NQ; i++) acc[i][h] = _mm256_fmadd_ps(blk[i][h], dk, acc[i][h]);
+            }
+        }
+        const int lo = t0 > ta ? t0 - ta : 0, hi = t1 - ta < TT ? t1 - ta : TT;
+        for (int i = 0; i < NQ; i++) {
+            float r[TT];
+            _mm256_storeu_ps(r, acc[i][0]);
+            _mm256_storeu_ps(r + 8, acc[i][1]);
+            for (int k = lo; k < hi; k++) out[(size_t)i * ldo + (ta + k - t0)] = r[k];
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void score_a2(const KVStream *s, const float *q, int nq, int t0, int t1,
+                                                             float *out, int ldo) {
+    for (int i0 = 0; i0 < nq; i0 += 2) {
+        const float *qi = q + (size_t)i0 * s->d;
+        float *oi = out + (size_t)i0 * ldo;
+        if (nq - i0 >= 2) score_tiles_a2(s, 2, qi, t0, t1, oi, ldo);
+        else score_tiles_a2(s, 1, qi, t0, t1, oi, ldo);
+    }
+}
+
+/* acc_i += Σ_t p_i,t v_t over [t0, t1) of a V stream, nq <= 8 heads (the
+ * caller takes plain C past that). */
+__attribute__((target("avx2,fma,f16c"))) static void accum_a2(const KVStream *s, const float *p, int ldp, int nq,
+                                                             int t0, int t1, float *acc) {
+    const int d = s->d;
+    for (int t = t0 & ~1; t < t1; t += 2) {
+        const uint8_t *pr = tile(s, t) + d + (size_t)(t % TT / 2) * 2 * d;
+        _mm_prefetch((const char *)pr + 2 * tile_bytes(s), _MM_HINT_T0);
+        for (int b = 0; b < d / QK; b++) {
+            /* the pair's weights p · d per head, 0 outside [t0, t1) (never
+             * the scale of an unwritten position: 0 times a NaN is NaN) */
+            __m256 w0[8], w1[8];
+            for (int i = 0; i < nq; i++) {
+                w0[i] = _mm256_set1_ps(t >= t0 ? p[(size_t)i * ldp + (t - t0)] * scale16c(s, t, b) : 0);
+                w1[i] = _mm256_set1_ps(t + 1 < t1 ? p[(size_t)i * ldp + (t + 1 - t0)] * scale16c(s, t + 1, b) : 0);
+            }
+            for (int k = 0; k < 4; k++) {
+                const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(pr + 2 * (QK * b + 8 * k))));
+                const __m256 e = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(x, 16), 16)),
+                             o = _mm256_cvtepi32_ps(_mm256_srai_epi32(x, 16));
+                for (int i = 0; i < nq; i++) {
+                    float *ai = acc + (size_t)i * d + QK * b + 8 * k;
+                    _mm256_storeu_ps(ai, _mm256_fmadd_ps(w1[i], o, _mm256_fmadd_ps(w0[i], e, _mm256_loadu_ps(ai))));
+                }
+            }
+        }
+    }
 }
 
 /* ---- integer tiles (AVX-512 VNNI, d = 128) --------------------------------
@@ -449,8 +497,9 @@ VNNI static int score_int(const KVStream *s, const float *q, int nq, int t0, int
 
 static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (kernels_level() >= 3 && !score_int(s, q, nq, t0, t1, out, ldo)) return;
+    /* the float tiles read K's layout; a V stream (tests score one) takes plain C */
     if (kernels_level() >= 2 && s->role == 0) score_f512(s, q, nq, t0, t1, out, ldo);
-    else if (kernels_level() > 0) score_avx2(s, q, nq, t0, t1, out, ldo);
+    else if (kernels_level() > 0 && s->role == 0) score_a2(s, q, nq, t0, t1, out, ldo);
     else score_c(s, q, nq, t0, t1, out, ldo);
 }
 
@@ -541,7 +590,7 @@ VNNI static int accum_int(const KVStream *s, const float *p, int ldp, int nq, in
 static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     if (kernels_level() >= 3 && !accum_int(s, p, ldp, nq, t0, t1, acc)) return;
     if (kernels_level() >= 2 && s->role == 1 && s->d % 128 == 0) accum_f512(s, p, ldp, nq, t0, t1, acc);
-    else if (kernels_level() > 0) accum_avx2(s, p, ldp, nq, t0, t1, acc);
+    else if (kernels_level() > 0 && s->role == 1 && nq <= 8) accum_a2(s, p, ldp, nq, t0, t1, acc);
     else accum_c(s, p, ldp, nq, t0, t1, acc);
 }
 
