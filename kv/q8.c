@@ -150,6 +150,19 @@ AVX2_INLINE float scale16c(const KVStream *s, int t, int k) {
     return _cvtsh_ss(h);
 }
 
+/* Lanes of the tile starting at ta that fall in [t0, t1). */
+static inline __mmask16 in_range(int ta, int t0, int t1) {
+    const int lo = t0 > ta ? t0 - ta : 0, hi = t1 - ta < TT ? t1 - ta : TT;
+    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
+/* Scores of a tile's 16 positions into out: the lanes in range, moved
+ * down to the front where the tile starts before t0. */
+__attribute__((target("avx512f"), always_inline)) static inline void store_lanes(float *out, __mmask16 m, __m512 v) {
+    if (m == 0xffff) _mm512_storeu_ps(out, v);
+    else _mm512_mask_storeu_ps(out, (__mmask16)((1u << __builtin_popcount(m)) - 1), _mm512_maskz_compress_ps(m, v));
+}
+
 /* ---- float tiles (AVX-512) ------------------------------------------------
  * Without VNNI, or for a head dim other than 128, the same tiles in floats,
  * a lane per position as in the integer kernels. Scores: byte j of each of
@@ -188,13 +201,9 @@ F512 void score_tiles_f(const KVStream *s, const int NQ, const float *q, int t0,
             const __m512 dk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tl + 32 * b)));
             for (int i = 0; i < NQ; i++) acc[i] = _mm512_fmadd_ps(blk[i], dk, acc[i]);
         }
-        const __mmask16 m = (__mmask16)(((1u << (t1 - ta < TT ? t1 - ta : TT)) - 1) & ~((1u << (t0 > ta ? t0 - ta : 0)) - 1));
+        const __mmask16 m = in_range(ta, t0, t1);
         const int first = ta > t0 ? ta - t0 : 0;
-        for (int i = 0; i < NQ; i++) {
-            float *oi = out + (size_t)i * ldo + first;
-            if (m == 0xffff) _mm512_storeu_ps(oi, acc[i]);
-            else _mm512_mask_storeu_ps(oi, (__mmask16)((1u << __builtin_popcount(m)) - 1), _mm512_maskz_compress_ps(m, acc[i]));
-        }
+        for (int i = 0; i < NQ; i++) store_lanes(out + (size_t)i * ldo + first, m, acc[i]);
     }
 }
 
@@ -224,14 +233,15 @@ F512 void accum_tiles_f(const KVStream *s, const float *p, int ldp, const int NH
         for (int c = 0; c < 8; c++) a[i][c] = _mm512_loadu_ps(acc + (size_t)i * d + j0 + 16 * c);
     for (int ta = t0 - t0 % TT; ta < t1; ta += TT) {
         const uint8_t *tl = tile(s, ta);
-        const __mmask16 m = (__mmask16)(((1u << (t1 - ta < TT ? t1 - ta : TT)) - 1) & ~((1u << (t0 > ta ? t0 - ta : 0)) - 1));
+        const __mmask16 m = in_range(ta, t0, t1);
         const int first = ta > t0 ? ta - t0 : 0;
         float w[2][4][TT] __attribute__((aligned(64)));
         for (int i = 0; i < NH; i++) {
             const float *pi = p + (size_t)i * ldp + first;
             const __m512 pv = m == 0xffff ? _mm512_loadu_ps(pi) : _mm512_maskz_expandloadu_ps(m, pi);
             for (int b = 0; b < 4; b++) {
-                const __m512 dv = _mm512_maskz_cvtph_ps(m, _mm256_loadu_si256((const __m256i *)(tl + 2 * TT * (j0 / QK + b))));
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(tl + 2 * TT * (j0 / QK + b)));
+                const __m512 dv = _mm512_maskz_cvtph_ps(m, h);
                 _mm512_store_ps(w[i][b], _mm512_mul_ps(pv, dv));
             }
         }
@@ -428,12 +438,6 @@ VNNI_INLINE void tile_ahead(const KVStream *s, int t, int r) {
     for (int b = 0; b < 320; b += 64) _mm_prefetch(a + b, _MM_HINT_T1);
 }
 
-/* Lanes of the tile starting at ta that fall in [t0, t1). */
-VNNI_INLINE __mmask16 in_range(int ta, int t0, int t1) {
-    const int lo = t0 > ta ? t0 - ta : 0, hi = t1 - ta < TT ? t1 - ta : TT;
-    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-}
-
 /* Scores [t0, t1) for NQ <= 4 prepared heads, a tile at a time. */
 VNNI_INLINE void score_tiles(const KVStream *s, const int NQ, const Q8Query *o, int t0, int t1, float *out, int ldo) {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
@@ -468,9 +472,7 @@ VNNI_INLINE void score_tiles(const KVStream *s, const int NQ, const Q8Query *o, 
                 f[b] = _mm512_mul_ps(_mm512_cvtepi32_ps(a[i][b]), _mm512_mul_ps(dk, _mm512_set1_ps(o[i].dq[b])));
             }
             const __m512 sc = _mm512_add_ps(_mm512_add_ps(f[0], f[1]), _mm512_add_ps(f[2], f[3]));
-            float *oi = out + (size_t)i * ldo + first;
-            if (m == 0xffff) _mm512_storeu_ps(oi, sc);
-            else _mm512_mask_storeu_ps(oi, (__mmask16)((1u << __builtin_popcount(m)) - 1), _mm512_maskz_compress_ps(m, sc));
+            store_lanes(out + (size_t)i * ldo + first, m, sc);
         }
     }
 }

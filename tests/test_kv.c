@@ -117,49 +117,50 @@ static void fast_paths_check(void) {
         for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
             for (int nq = 1; nq <= 3; nq++)
                 for (int role = 0; role < 2; role++) {
-                const KVScheme *sc = kv_schemes[si];
-                int d = dims[di], n = 333;
-                KVStream s;
-                if (!open_stream_as(&s, sc, d, n, role)) continue;
-                float *x = malloc(sizeof(float) * n * d), q[3 * KV_MAX_DIM], qd[3 * KV_MAX_DIM];
-                fill(x, n * d);
-                fill(q, nq * d);
-                for (int t = 0; t < n; t++) kv_stream_append(&s, x + t * d);
-                for (int i = 0; i < nq; i++) kv_to_domain(&s, q + i * d, qd + i * d);
-                float *a = malloc(sizeof(float) * nq * n), *b = malloc(sizeof(float) * nq * n);
-                kv_score(&s, qd, nq, 6, n, a, n);
-                kv_score_ref(&s, qd, nq, 6, n, b, n);
-                for (int i = 0; i < nq; i++)
-                    for (int t = 0; t < n - 6; t++)
-                        cr_expect(fabsf(a[i * n + t] - b[i * n + t]) <=
-                                      1e-5f * (1 + fabsf(b[i * n + t])) * sqrtf((float)d) +
-                                          int_err(&s, qd + i * d, t + 6),
-                                  "%s %s role %d d=%d nq=%d score t=%d: %g vs %g", kernels_isa(), sc->name, role, d,
-                                  nq, t + 6, a[i * n + t], b[i * n + t]);
-                float accf[3 * KV_MAX_DIM] = {0}, accr[3 * KV_MAX_DIM] = {0};
-                for (int i = 0; i < nq * n; i++) a[i] = (float)urand();
-                kv_accum(&s, a, n, nq, 2, n - 1, accf);
-                kv_accum_ref(&s, a, n, nq, 2, n - 1, accr);
-                /* float rounding of terms as large as Σ |p_t| max|v_t|: a
-                 * scheme may sum zero points apart from codes (KIVI's V: s Σ
-                 * p·code + z Σ p), two large sums that cancel */
-                double big[3] = {0};
-                for (int t = 2; t < n - 1; t++) {
-                    float y[KV_MAX_DIM], m = 0;
-                    sc->dequant(&s, t, y);
-                    for (int j = 0; j < d; j++) m = fmaxf(m, fabsf(y[j]));
-                    for (int i = 0; i < nq; i++) big[i] += fabsf(a[i * n + t - 2]) * m;
+                    const KVScheme *sc = kv_schemes[si];
+                    int d = dims[di], n = 333;
+                    KVStream s;
+                    if (!open_stream_as(&s, sc, d, n, role)) continue;
+                    float *x = malloc(sizeof(float) * n * d), q[3 * KV_MAX_DIM], qd[3 * KV_MAX_DIM];
+                    fill(x, n * d);
+                    fill(q, nq * d);
+                    for (int t = 0; t < n; t++) kv_stream_append(&s, x + t * d);
+                    for (int i = 0; i < nq; i++) kv_to_domain(&s, q + i * d, qd + i * d);
+                    float *a = malloc(sizeof(float) * nq * n), *b = malloc(sizeof(float) * nq * n);
+                    kv_score(&s, qd, nq, 6, n, a, n);
+                    kv_score_ref(&s, qd, nq, 6, n, b, n);
+                    for (int i = 0; i < nq; i++)
+                        for (int t = 0; t < n - 6; t++)
+                            cr_expect(fabsf(a[i * n + t] - b[i * n + t]) <=
+                                          1e-5f * (1 + fabsf(b[i * n + t])) * sqrtf((float)d) +
+                                              int_err(&s, qd + i * d, t + 6),
+                                      "%s %s role %d d=%d nq=%d score t=%d: %g vs %g", kernels_isa(), sc->name, role, d,
+                                      nq, t + 6, a[i * n + t], b[i * n + t]);
+                    float accf[3 * KV_MAX_DIM] = {0}, accr[3 * KV_MAX_DIM] = {0};
+                    for (int i = 0; i < nq * n; i++) a[i] = (float)urand();
+                    kv_accum(&s, a, n, nq, 2, n - 1, accf);
+                    kv_accum_ref(&s, a, n, nq, 2, n - 1, accr);
+                    /* float rounding of terms as large as Σ |p_t| max|v_t|: a
+                     * scheme may sum zero points apart from codes (KIVI's V: s Σ
+                     * p·code + z Σ p), two large sums that cancel */
+                    double big[3] = {0};
+                    for (int t = 2; t < n - 1; t++) {
+                        float y[KV_MAX_DIM], m = 0;
+                        sc->dequant(&s, t, y);
+                        for (int j = 0; j < d; j++) m = fmaxf(m, fabsf(y[j]));
+                        for (int i = 0; i < nq; i++) big[i] += fabsf(a[i * n + t - 2]) * m;
+                    }
+                    for (int j = 0; j < nq * d; j++) {
+                        const float tol = 1e-5f * (fabsf(accr[j]) + 1) * 10 + 1e-6f * (float)big[j / d] +
+                                          int_accum_err(&s, a + (j / d) * n, 2, n - 1, j % d);
+                        cr_expect(fabsf(accf[j] - accr[j]) <= tol, "%s %s role %d d=%d nq=%d accum j=%d: %g vs %g",
+                                  kernels_isa(), sc->name, role, d, nq, j, accf[j], accr[j]);
+                    }
+                    kv_stream_free(&s);
+                    free(x);
+                    free(a);
+                    free(b);
                 }
-                for (int j = 0; j < nq * d; j++)
-                    cr_expect(fabsf(accf[j] - accr[j]) <= 1e-5f * (fabsf(accr[j]) + 1) * 10 + 1e-6f * (float)big[j / d] +
-                                                              int_accum_err(&s, a + (j / d) * n, 2, n - 1, j % d),
-                              "%s %s role %d d=%d nq=%d accum j=%d: %g vs %g", kernels_isa(), sc->name, role, d, nq,
-                              j, accf[j], accr[j]);
-                kv_stream_free(&s);
-                free(x);
-                free(a);
-                free(b);
-            }
 }
 
 /* Integer scores (kernels_level() 3): each scheme's kernel equals its
