@@ -330,17 +330,22 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
 #define AVX512_INLINE __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) static inline
 
 /* Positions [t, t + n) of a stream of vb-byte vectors, fetched ahead of
- * use: the K and V streams alternate every attention chunk, and without
- * this the 4-bit kernels waited on memory at long context. Always inline
- * like the kernels it serves: as a plain static inline, GCC 12 emitted
- * none of its prefetches (no prefetcht0 in this file's object); with them
- * tbq4 attention over 224 streams of 32K positions went from 22.1 to 18.0
- * ns per position and kv head. */
+ * use into L1, and the same LB_FAR positions on from DRAM into L2: the K
+ * and V streams alternate every attention chunk, and without the near ones
+ * the 4-bit kernels waited on memory at long context. Always inline like
+ * the kernels it serves: as a plain static inline, GCC 12 emitted none of
+ * its prefetches (no prefetcht0 in this file's object); with them tbq4
+ * attention over 224 streams of 32K positions went from 22.1 to 18.0 ns
+ * per position and kv head; the far ones (with pairs16.h's) took it from
+ * 51-55 to 48-50 ms for all 224 (2 threads, fastest of 20 to 30 runs,
+ * alternating in one process). */
 #define LB_AHEAD 32
+#define LB_FAR 512
 
 AVX512_INLINE void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
     const char *p = (const char *)data + (size_t)t * (size_t)vb;
     for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+    for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + (size_t)LB_FAR * vb + b, _MM_HINT_T1);
 }
 
 /* Lane l of a decoded 16-group holds value perm16[l] of the group, and

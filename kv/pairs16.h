@@ -39,6 +39,17 @@
 #define PAIRS16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"), always_inline)) static inline
 
 #define P16_SPAN 64 /* positions per integer span (even) */
+#define P16_FAR 512 /* positions ahead that rows are fetched into L2 */
+
+/* a += x · w in word pairs (vpdpwssd), in place. GCC 12 compiles the
+ * intrinsic in a loop as a copy of each accumulator, the product into the
+ * copy and a copy back (two register moves per product, and spills once
+ * the copies outgrow the registers); the asm names the accumulator as both
+ * input and output, so it stays where it is. */
+PAIRS16 __m512i p16_dpwssd(__m512i a, __m512i x, __m512i w) {
+    __asm__("vpdpwssd %2, %1, %0" : "+v"(a) : "v"(x), "v"(w));
+    return a;
+}
 
 typedef void (*Dec16)(const KVStream *s, int t, __m512i x[4]);
 /* Group g's scales at positions t..t+15 as floats, lanes outside mask k 0. */
@@ -102,9 +113,11 @@ PAIRS16 int p16_span(const KVStream *s, Dec16 D, Scale16 S, const int G1, size_t
     for (int i = 0; i < NH; i++)
         for (int g = 0; g < 4; g++) a[i][g][0] = a[i][g][1] = _mm512_setzero_si512();
     for (int t = 0; t < np; t += 2) {
-        /* the next span's two rows, which its scales pass reads first */
+        /* the next span's two rows, which its scales pass reads first,
+         * into L1, and the two P16_FAR on from DRAM into L2 */
         const char *ahead = (const char *)s->data + (size_t)(t0 + P16_SPAN + t) * rb;
         for (size_t b = 0; b < 2 * rb; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+        for (size_t b = 0; b < 2 * rb; b += 64) _mm_prefetch(ahead + (P16_FAR - P16_SPAN) * rb + b, _MM_HINT_T1);
         __m512i x0[4], x1[4];
         D(s, t0 + t, x0);
         D(s, t0 + (t + 1 < n ? t + 1 : t), x1);
@@ -114,8 +127,8 @@ PAIRS16 int p16_span(const KVStream *s, Dec16 D, Scale16 S, const int G1, size_t
                 int32_t pair;
                 memcpy(&pair, &wq[i][G1 ? 0 : g][t], 4);
                 const __m512i w = _mm512_set1_epi32(pair);
-                a[i][g][0] = _mm512_dpwssd_epi32(a[i][g][0], lo, w);
-                a[i][g][1] = _mm512_dpwssd_epi32(a[i][g][1], hi, w);
+                a[i][g][0] = p16_dpwssd(a[i][g][0], lo, w);
+                a[i][g][1] = p16_dpwssd(a[i][g][1], hi, w);
             }
         }
     }

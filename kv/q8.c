@@ -514,14 +514,6 @@ static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, 
     else score_c(s, q, nq, t0, t1, out, ldo);
 }
 
-/* a += x · w in word pairs (vpdpwssd), in place. GCC 12 compiles the
- * intrinsic in a loop as a copy of each accumulator, the product into the
- * copy and a copy back: 32 register moves per 16 products. */
-VNNI_INLINE __m512i dpwssd(__m512i a, __m512i x, __m512i w) {
-    __asm__("vpdpwssd %2, %1, %0" : "+v"(a) : "v"(x), "v"(w));
-    return a;
-}
-
 /* Sums acc_i += Σ_t p_i,t v_t over V tiles, as pairs16.h's integer spans
  * (weights p · d rounded to int16 per span, see there) but with no
  * shuffles: spans start on a tile, each pair's 32 bytes of a 16-value
@@ -566,7 +558,7 @@ VNNI_INLINE int accum_tiles(const KVStream *s, const float *p, int ldp, const in
                     for (int i = 0; i < NH; i++) {
                         int32_t pair;
                         memcpy(&pair, &wq[i][c / 2][u], 4);
-                        a[i][c] = dpwssd(a[i][c], x, _mm512_set1_epi32(pair));
+                        a[i][c] = p16_dpwssd(a[i][c], x, _mm512_set1_epi32(pair));
                     }
                 }
             }
