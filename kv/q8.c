@@ -88,7 +88,7 @@ static float scale_at(const KVStream *s, int t, int k) {
 }
 
 /* One block, exactly as ggml: scale from the float amax, codes from 1/d. */
-static void q8_append(KVStream *s, const float *x) {
+static void append_ref(KVStream *s, const float *x) {
     uint8_t *tl = s->data + (size_t)(s->len / TT) * tile_bytes(s);
     for (int k = 0; k < s->d / QK; k++) {
         const float *xb = x + k * QK;
@@ -99,6 +99,54 @@ static void q8_append(KVStream *s, const float *x) {
         memcpy(tl + 2 * ((size_t)k * TT + s->len % TT), &h, 2);
         for (int j = 0; j < QK; j++) tl[code_at(s, s->len, k * QK + j)] = (uint8_t)(int8_t)roundf(xb[j] * id);
     }
+}
+
+/* q8_append in 16 lanes, the same bytes: the max ignores NaN lanes as
+ * fmaxf does (vmaxps returns its second operand when the first is NaN),
+ * the scale is the same scalar arithmetic, and roundf's half away from
+ * zero is trunc plus one step away from zero where the dropped fraction is
+ * at least 1/2 (exact: x · id and its fraction are floats below 2^23).
+ * K codes go 4 bytes to a quad's line, V codes to every other byte of the
+ * pair's 64 (a masked store). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c"))) static void append512(KVStream *s, const float *x) {
+    const int r = s->len % TT;
+    uint8_t *tl = s->data + (size_t)(s->len / TT) * tile_bytes(s);
+    const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    for (int k = 0; k < s->d / QK; k++) {
+        const __m512 lo = _mm512_loadu_ps(x + k * QK), hi = _mm512_loadu_ps(x + k * QK + 16);
+        const float amax = _mm512_reduce_max_ps(
+            _mm512_max_ps(_mm512_abs_ps(hi), _mm512_max_ps(_mm512_abs_ps(lo), _mm512_setzero_ps())));
+        const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        const uint16_t h = f32_to_f16(d);
+        memcpy(tl + 2 * ((size_t)k * TT + r), &h, 2);
+        __m512i c[2];
+        for (int u = 0; u < 2; u++) {
+            const __m512 v = _mm512_mul_ps(u ? hi : lo, _mm512_set1_ps(id));
+            const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+            /* one step away from zero: ±1 with v's sign */
+            const __m512 step = _mm512_or_ps(one, _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));
+            c[u] = _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, step));
+        }
+        const __m256i codes = _mm256_set_m128i(_mm512_cvtepi32_epi8(c[1]), _mm512_cvtepi32_epi8(c[0]));
+        if (s->role == 0) {
+            int32_t quad[8];
+            _mm256_storeu_si256((__m256i *)quad, codes);
+            for (int i = 0; i < 8; i++) memcpy(tl + code_at(s, s->len, k * QK + 4 * i), &quad[i], 4);
+        } else {
+            const __m512i w = _mm512_sll_epi16(_mm512_cvtepu8_epi16(codes), _mm_cvtsi32_si128(8 * (r % 2)));
+            _mm512_mask_storeu_epi8(tl + code_at(s, s->len, k * QK) - r % 2, 0x5555555555555555ULL << (r % 2), w);
+        }
+    }
+}
+
+/* 16 lanes where the CPU has AVX-512: 0.15-0.18 us a vector of 128
+ * against 1.0-1.2 in plain C (a libm call per value), first writes to the
+ * pages included; plain C made filling a 32K cache of the 0.6B shape take
+ * 3x as long as f16's. */
+static void q8_append(KVStream *s, const float *x) {
+    if (kernels_level() >= 2) append512(s, x);
+    else append_ref(s, x);
 }
 
 /* Positions are independent, so dropping some is only bookkeeping. */

@@ -96,6 +96,49 @@ Test(kv, round_trip_error) {
         }
 }
 
+/* Every scheme stores the same on every instruction set: a SIMD append
+ * (q8's) must give the bytes of its plain C twin, which the layout tests
+ * pin to ggml's rule. Read back through dequant, bit for bit, positions
+ * with ties at half a step (x · id = k + 1/2 for d = 1) and an all-zero
+ * block included. */
+Test(kv, append_same_on_every_isa) {
+    const char *isas[] = {"avx2", "avx512", "avx512vnni"};
+    for (int si = 0; si < kv_n_schemes; si++)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (int role = 0; role < 2; role++) {
+                const KVScheme *sc = kv_schemes[si];
+                const int d = dims[di], n = 40;
+                float *x = malloc(sizeof(float) * n * d);
+                fill(x, n * d);
+                for (int j = 0; j < d; j++) {
+                    x[j] = j % 32 == 0 ? 127.0f : (float)(j % 64) - 31.5f;
+                    x[d + j] = j < 32 ? 0.0f : x[d + j];
+                }
+                KVStream a, b;
+                cr_assert_eq(kernels_set_isa("ref"), 0);
+                if (!open_stream_as(&a, sc, d, n, role)) {
+                    free(x);
+                    continue;
+                }
+                for (int t = 0; t < n; t++) kv_stream_append(&a, x + t * d);
+                for (int k = 0; k < 3; k++) {
+                    if (kernels_set_isa(isas[k])) continue;
+                    open_stream_as(&b, sc, d, n, role);
+                    for (int t = 0; t < n; t++) kv_stream_append(&b, x + t * d);
+                    float ya[KV_MAX_DIM], yb[KV_MAX_DIM];
+                    for (int t = 0; t < n; t++) {
+                        sc->dequant(&a, t, ya);
+                        sc->dequant(&b, t, yb);
+                        cr_expect(memcmp(ya, yb, sizeof(float) * d) == 0, "%s d=%d role %d on %s: position %d differs",
+                                  sc->name, d, role, isas[k], t);
+                    }
+                    kv_stream_free(&b);
+                }
+                kv_stream_free(&a);
+                free(x);
+            }
+}
+
 static void fast_paths_check(void);
 
 /* Every scheme's score and accumulate against the reference read path, on
