@@ -70,7 +70,7 @@ bench/qwen3-0.6b bench/qwen3-0.6b-mtp: | $(BUILD)/make_model
 # stretches it, 4x and more (multi-threaded decode suffers most).
 bench: $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/run bench/qwen3-0.6b bench/qwen3-0.6b-mtp
 	$(BUILD)/bench bench/qwen3-0.6b
-	$(BUILD)/bench_attn
+	$(BUILD)/bench_attn --layers 28 8192 32768
 	RUN_BIN=$(BUILD)/run sh tools/bench_spec.sh
 
 clean:

@@ -1,13 +1,19 @@
-/* bench_attn.c: one decode step of one attention layer over a filled KV
- * cache, per scheme, at several context lengths and thread counts.
+/* bench_attn.c: one decode step of attention over a filled KV cache, per
+ * scheme, at several context lengths and thread counts: the attention part
+ * of a token alone, without the matmuls around it.
  *
  * Shape: Qwen3-0.6B's attention (16 query heads, 8 kv heads, head_dim 128).
- * Each kv head's K and V streams hold `ctx` random positions; one step is
- * attn_group for every kv head (2 query heads each), parallel over kv heads
- * as model/ does it. Reports the time per step and the KV bytes read per
- * second (every stored byte of K and V is read once per step).
+ * Each kv head's K and V streams hold `ctx` random positions; one step is,
+ * layer after layer, attn_group for every kv head (2 query heads each),
+ * parallel over kv heads as model/ does it. Reports the time per step and
+ * the KV bytes read per second (every stored byte of K and V is read once
+ * per step). With one layer (the default) the caches are small enough to
+ * sit in a large L3 (this project's host has 260 MB, shared with other
+ * tenants, and such runs moved 2x between runs); with --layers 28, 0.6B's
+ * depth, they come from DRAM as they do in the model (3.8 GB for f16 at
+ * 32K).
  *
- *   ./build/bench_attn [ctx ...]      (default 1024 8192 32768)
+ *   ./build/bench_attn [--layers L] [ctx ...]   (default 1 layer; 1024 8192 32768)
  */
 #include <math.h>
 #include <omp.h>
@@ -39,16 +45,19 @@ static float gauss(void) {
     return (float)(sqrt(-2 * log(u[0])) * cos(6.283185307179586 * u[1]));
 }
 
-/* Seconds per step: the best of several timed repetitions, after a warm-up. */
-static double time_step(KVStream *k, KVStream *v, const float *q, float *out, float *scr, int threads) {
+/* Seconds per step over nl layers: the best of several timed repetitions,
+ * after a warm-up. */
+static double time_step(KVStream *k, KVStream *v, int nl, const float *q, float *out, float *scr, int threads) {
     size_t per = attn_scratch_floats(NQ / NKV, HD);
     double best = 1e9;
     for (int rep = 0; rep < 6; rep++) {
         double t0 = now();
+        for (int l = 0; l < nl; l++) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-        for (int h = 0; h < NKV; h++)
-            attn_group(&k[h], &v[h], q + h * (NQ / NKV) * HD, NQ / NKV, 1.0f / sqrtf(HD), out + h * (NQ / NKV) * HD,
-                       scr + (size_t)omp_get_thread_num() * per);
+            for (int h = 0; h < NKV; h++)
+                attn_group(&k[l * NKV + h], &v[l * NKV + h], q + h * (NQ / NKV) * HD, NQ / NKV, 1.0f / sqrtf(HD),
+                           out + h * (NQ / NKV) * HD, scr + (size_t)omp_get_thread_num() * per);
+        }
         double dt = now() - t0;
         if (rep > 0 && dt < best) best = dt;
     }
@@ -56,11 +65,16 @@ static double time_step(KVStream *k, KVStream *v, const float *q, float *out, fl
 }
 
 int main(int argc, char **argv) {
-    int ctxs[8] = {1024, 8192, 32768}, nctx = 3;
-    if (argc > 1) {
-        nctx = 0;
-        for (int i = 1; i < argc && nctx < 8; i++) ctxs[nctx++] = atoi(argv[i]);
+    int ctxs[8] = {1024, 8192, 32768}, nctx = 0, nl = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) nl = atoi(argv[++i]);
+        else if (nctx < 8) ctxs[nctx++] = atoi(argv[i]);
+        if (nl < 1 || nl > 256 || (nctx && (ctxs[nctx - 1] < 1 || ctxs[nctx - 1] > (1 << 20)))) {
+            fprintf(stderr, "usage: bench_attn [--layers 1-256] [ctx 1-1048576 ...]\n");
+            return 2;
+        }
     }
+    if (!nctx) nctx = 3;
     int maxctx = 0;
     for (int i = 0; i < nctx; i++) maxctx = ctxs[i] > maxctx ? ctxs[i] : maxctx;
     /* the same random K, V and q for every scheme */
@@ -69,40 +83,51 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)maxctx * HD; i++) kx[i] = gauss(), vx[i] = gauss();
     for (int i = 0; i < NQ * HD; i++) q[i] = gauss();
     float *scr = malloc(sizeof(float) * attn_scratch_floats(NQ / NKV, HD) * 64);
-    printf("attention decode step, Qwen3-0.6B shape (%d q heads, %d kv heads, head_dim %d), kernels %s\n", NQ, NKV, HD,
-           kernels_isa());
+    const int ns = nl * NKV;
+    KVStream *k = calloc((size_t)ns, sizeof *k), *v = calloc((size_t)ns, sizeof *v);
+    printf("attention decode step, Qwen3-0.6B shape (%d q heads, %d kv heads, head_dim %d), %d layer%s, kernels %s\n",
+           NQ, NKV, HD, nl, nl > 1 ? "s" : "", kernels_isa());
     printf("| scheme | ctx | threads | ms/step | KV MB read | GB/s | vs f16 |\n|---|---:|---:|---:|---:|---:|---:|\n");
     for (int c = 0; c < nctx; c++) {
         int ctx = ctxs[c];
         double f16_t[3] = {0, 0, 0};
         for (int si = 0; si < kv_n_schemes; si++) {
             const KVScheme *sc = kv_schemes[si];
-            KVStream k[NKV], v[NKV];
             KVOpts o = {0, 0};
             char err[256];
-            int ok = 1;
-            for (int h = 0; h < NKV && ok; h++)
-                ok = kv_stream_init(&k[h], sc, &o, HD, ctx, 0, 0, err, sizeof err) == 0 &&
-                     kv_stream_init(&v[h], sc, &o, HD, ctx, 0, 1, err, sizeof err) == 0;
-            if (!ok) { printf("| %s | %d | - | %s |\n", sc->name, ctx, err); continue; }
-            /* heads share the data, offset so they are not identical */
-            for (int h = 0; h < NKV; h++)
+            int made = 0;
+            for (; made < ns; made++) {
+                if (kv_stream_init(&k[made], sc, &o, HD, ctx, made / NKV, 0, err, sizeof err)) break;
+                if (kv_stream_init(&v[made], sc, &o, HD, ctx, made / NKV, 1, err, sizeof err)) {
+                    kv_stream_free(&k[made]);
+                    break;
+                }
+            }
+            if (made < ns) {
+                for (int h = 0; h < made; h++) kv_stream_free(&k[h]), kv_stream_free(&v[h]);
+                printf("| %s | %d | - | %s |\n", sc->name, ctx, err);
+                continue;
+            }
+            /* streams share the data, offset so they are not identical */
+#pragma omp parallel for schedule(dynamic)
+            for (int h = 0; h < ns; h++)
                 for (int t = 0; t < ctx; t++) {
                     kv_stream_append(&k[h], kx + (size_t)((t + h * 997) % maxctx) * HD);
                     kv_stream_append(&v[h], vx + (size_t)((t + h * 991) % maxctx) * HD);
                 }
             double bytes = 0;
-            for (int h = 0; h < NKV; h++) bytes += (double)sc->bytes(&k[h]) + sc->bytes(&v[h]);
+            for (int h = 0; h < ns; h++) bytes += (double)sc->bytes(&k[h]) + sc->bytes(&v[h]);
             for (int threads = 1; threads <= 2; threads++) {
-                double t = time_step(k, v, q, out, scr, threads);
+                double t = time_step(k, v, nl, q, out, scr, threads);
                 if (strcmp(sc->name, "f16") == 0) f16_t[threads] = t;
                 printf("| %s | %d | %d | %.3f | %.1f | %.2f | %s", sc->name, ctx, threads, t * 1e3, bytes / 1e6,
                        bytes / t / 1e9, f16_t[threads] > 0 ? "" : "- |\n");
                 if (f16_t[threads] > 0) printf("%.2fx |\n", f16_t[threads] / t);
+                fflush(stdout);
             }
-            for (int h = 0; h < NKV; h++) kv_stream_free(&k[h]), kv_stream_free(&v[h]);
+            for (int h = 0; h < ns; h++) kv_stream_free(&k[h]), kv_stream_free(&v[h]);
         }
     }
-    free(kx), free(vx), free(scr);
+    free(k), free(v), free(kx), free(vx), free(scr);
     return 0;
 }
