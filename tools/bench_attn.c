@@ -82,7 +82,9 @@ int main(int argc, char **argv) {
     float q[NQ * HD], out[NQ * HD];
     for (size_t i = 0; i < (size_t)maxctx * HD; i++) kx[i] = gauss(), vx[i] = gauss();
     for (int i = 0; i < NQ * HD; i++) q[i] = gauss();
-    float *scr = malloc(sizeof(float) * attn_scratch_floats(NQ / NKV, HD) * 64);
+    /* per-thread scratch on 64-byte lines, as model/ allocates it: from
+     * malloc's 16-byte alignment, two threads' scratch shared a line */
+    float *scr = aligned_alloc(64, sizeof(float) * attn_scratch_floats(NQ / NKV, HD) * 64);
     const int ns = nl * NKV;
     KVStream *k = calloc((size_t)ns, sizeof *k), *v = calloc((size_t)ns, sizeof *v);
     printf("attention decode step, Qwen3-0.6B shape (%d q heads, %d kv heads, head_dim %d), %d layer%s, kernels %s\n",
