@@ -336,9 +336,9 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
  * the kernels it serves: as a plain static inline, GCC 12 emitted none of
  * its prefetches (no prefetcht0 in this file's object); with them tbq4
  * attention over 224 streams of 32K positions went from 22.1 to 18.0 ns
- * per position and kv head; the far ones (with pairs16.h's) took it from
- * 51-55 to 48-50 ms for all 224 (2 threads, fastest of 20 to 30 runs,
- * alternating in one process). */
+ * per position and kv head; the far ones (and pairs16.h's, with its sums
+ * through p16_dpwssd) took it from 51-55 to 48-50 ms for all 224 (2
+ * threads, fastest of 20 to 30 runs, alternating in one process). */
 #define LB_AHEAD 32
 #define LB_FAR 512
 

@@ -101,7 +101,7 @@ static void append_ref(KVStream *s, const float *x) {
     }
 }
 
-/* q8_append in 16 lanes, the same bytes: the max ignores NaN lanes as
+/* append_ref in 16 lanes, the same bytes: the max ignores NaN lanes as
  * fmaxf does (vmaxps returns its second operand when the first is NaN),
  * the scale is the same scalar arithmetic, and roundf's half away from
  * zero is trunc plus one step away from zero where the dropped fraction is
@@ -475,8 +475,8 @@ VNNI_INLINE int q8_query(const float *q, Q8Query *o) {
 /* Prefetches at two distances, one call per step of 2 positions' work,
  * eighth r of a tile (272 bytes from 272r):
  *   far:  the tile AHEAD tiles on, from DRAM into L2, 10 lines every other
- *         step (from byte 544k they reach into the next quarter, so the
- *         four calls cover all 34 lines);
+ *         step (from byte 544 · r/2 they reach into the next quarter, so
+ *         the four calls cover all 34 lines);
  *   near: the next tile, from L2 into L1, 5 lines every step.
  * Every line needs its own far prefetch (one per 128 bytes left half the
  * lines to demand misses), but each holds a fill buffer until its line
