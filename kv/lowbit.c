@@ -769,14 +769,24 @@ VNNI_FN static int score_i8(const LbFmt *f, const uint8_t *data, const float *q,
  * interleaved back at the end. The codebook's rounding (at most 0.15% of
  * the smallest centroid) and the weights' add up to about 1e-3 of
  * Σ |p v| (KVScheme.accum_err). */
-PAIRS16 void tbq_dec16(const KVStream *s, int t, __m512i x[4]) {
+PAIRS16 void tbq_dec16(const KVStream *s, int t, int u, __m512i x[4][2]) {
     const LbFmt *f = s->aux;
-    const uint8_t *qs = s->data + (size_t)t * (size_t)f->vec_bytes + f->hdr;
+    const uint8_t *qt = s->data + (size_t)t * (size_t)f->vec_bytes + f->hdr,
+                  *qu = s->data + (size_t)u * (size_t)f->vec_bytes + f->hdr;
     const __m512i tbl = _mm512_loadu_si512(f->cb16);
     for (int h = 0; h < 2; h++) {
-        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
-        x[h] = _mm512_permutexvar_epi16(w, tbl);
-        x[2 + h] = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), tbl);
+        /* the two positions' code bytes, widened and interleaved once,
+         * then looked up for the low (even) and high (odd) nibbles: 2
+         * interleaves per 32 bytes where interleaving the looked-up values
+         * took 4 (the same sums; 4.5 against 5.0 ns per position for 2
+         * heads, 2048 positions from L2, 1 thread) */
+        const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qt + 32 * h))),
+                      b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qu + 32 * h)));
+        const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+        x[h][0] = _mm512_permutexvar_epi16(lo, tbl);
+        x[h][1] = _mm512_permutexvar_epi16(hi, tbl);
+        x[2 + h][0] = _mm512_permutexvar_epi16(_mm512_srli_epi16(lo, 4), tbl);
+        x[2 + h][1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(hi, 4), tbl);
     }
 }
 

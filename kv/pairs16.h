@@ -6,20 +6,21 @@
  * loop (kv/q8.c) and shares the weights' rounding, p16_round.
  *
  * Data flow: kv_accum -> scheme's accumulate -> p16_accum. The scheme
- * supplies two always_inline functions: D(s, t, x) decodes position t into
- * four registers of 32 int16 values (its 128 values, in the scheme's group
- * order), rb is the bytes between positions, and S(s, t, g, k) gives group g's float scales at positions
- * t..t+15 (lanes outside mask k zero: never read). Per
- * span of up to P16_SPAN positions:
+ * supplies two always_inline functions: D(s, t, u, x) decodes positions t
+ * and u (the pair; u = t for an odd span's last) into four groups of 32
+ * values as two registers of interleaved int16 pairs each (lane order
+ * below), rb is the bytes between positions, and S(s, t, g, k) gives group
+ * g's float scales at positions t..t+15 (lanes outside mask k zero: never
+ * read). Per span of up to P16_SPAN positions:
  *
  *   w[i][g][t] = p_i,t · S(t, g), rounded to int16 at 32767 / max|w| (per head)
  *   position pairs (t, t+1) interleaved word by word:  | x_t[j] | x_t+1[j] |
  *   vpdpwssd adds x_t[j]·w_t + x_t+1[j]·w_t+1 into lane j's int32 sum
  *   at the end of the span: lanes to floats, times max|w| / 32767, into acc
  *
- * Per position that is 4 widenings, 4 interleaves and 4 vpdpwssd per head,
- * where the float path widens 128 values to floats (16 instructions) and
- * issues 8 FMAs per head. The weights' rounding is relative to the span's
+ * Per pair tbq4 spends 4 widenings, 4 interleaves and 8 lookups, and 16
+ * vpdpwssd for 2 heads, where the float path widens 128 values to floats
+ * (16 instructions) and issues 8 FMAs per position and head. The weights' rounding is relative to the span's
  * largest weight (2^-16 of it), far below the cached values' own error;
  * with values up to 1023, lane sums stay below 2^31 (1023 · 32767 ·
  * P16_SPAN).
@@ -51,7 +52,8 @@ PAIRS16 __m512i p16_dpwssd(__m512i a, __m512i x, __m512i w) {
     return a;
 }
 
-typedef void (*Dec16)(const KVStream *s, int t, __m512i x[4]);
+/* x[g][0] and x[g][1]: group g's lo and hi lanes (below) of positions t, u. */
+typedef void (*Dec16)(const KVStream *s, int t, int u, __m512i x[4][2]);
 /* Group g's scales at positions t..t+15 as floats, lanes outside mask k 0. */
 typedef __m512 (*Scale16)(const KVStream *s, int t, int g, __mmask16 k);
 
@@ -118,11 +120,10 @@ PAIRS16 int p16_span(const KVStream *s, Dec16 D, Scale16 S, const int G1, size_t
         const char *ahead = (const char *)s->data + (size_t)(t0 + P16_SPAN + t) * rb;
         for (size_t b = 0; b < 2 * rb; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
         for (size_t b = 0; b < 2 * rb; b += 64) _mm_prefetch(ahead + (P16_FAR - P16_SPAN) * rb + b, _MM_HINT_T1);
-        __m512i x0[4], x1[4];
-        D(s, t0 + t, x0);
-        D(s, t0 + (t + 1 < n ? t + 1 : t), x1);
+        __m512i x[4][2];
+        D(s, t0 + t, t0 + (t + 1 < n ? t + 1 : t), x);
         for (int g = 0; g < 4; g++) {
-            const __m512i lo = _mm512_unpacklo_epi16(x0[g], x1[g]), hi = _mm512_unpackhi_epi16(x0[g], x1[g]);
+            const __m512i lo = x[g][0], hi = x[g][1];
             for (int i = 0; i < NH; i++) {
                 int32_t pair;
                 memcpy(&pair, &wq[i][G1 ? 0 : g][t], 4);
