@@ -20,10 +20,10 @@
  *
  * Per pair tbq4 spends 4 widenings, 4 interleaves and 8 lookups, and 16
  * vpdpwssd for 2 heads, where the float path widens 128 values to floats
- * (16 instructions) and issues 8 FMAs per position and head. The weights' rounding is relative to the span's
- * largest weight (2^-16 of it), far below the cached values' own error;
- * with values up to 1023, lane sums stay below 2^31 (1023 · 32767 ·
- * P16_SPAN).
+ * (16 instructions) and issues 8 FMAs per position and head. The weights'
+ * rounding is relative to the span's largest weight (2^-16 of it), far
+ * below the cached values' own error; with values up to 1023, lane sums
+ * stay below 2^31 (1023 · 32767 · P16_SPAN).
  *
  *   lanes of one group's two accumulators, j = the value within the group:
  *   lo: j = 0-3, 8-11, 16-19, 24-27     hi: j = 4-7, 12-15, 20-23, 28-31
