@@ -81,9 +81,10 @@ static size_t code_at(const KVStream *s, int t, int j) {
     if (s->role == 0) return (size_t)s->d + (size_t)(j / 4) * 4 * TT + 4 * r + j % 4;
     return (size_t)s->d + (size_t)(r / 2) * 2 * s->d + 2 * j + r % 2;
 }
+static size_t scale_off(int t, int k) { return 2 * ((size_t)k * TT + t % TT); }
 static float scale_at(const KVStream *s, int t, int k) {
     uint16_t h;
-    memcpy(&h, tile(s, t) + 2 * ((size_t)k * TT + t % TT), 2);
+    memcpy(&h, tile(s, t) + scale_off(t, k), 2);
     return f16_to_f32(h);
 }
 
@@ -96,7 +97,7 @@ static void append_ref(KVStream *s, const float *x) {
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
         const uint16_t h = f32_to_f16(d);
-        memcpy(tl + 2 * ((size_t)k * TT + s->len % TT), &h, 2);
+        memcpy(tl + scale_off(s->len, k), &h, 2);
         for (int j = 0; j < QK; j++) tl[code_at(s, s->len, k * QK + j)] = (uint8_t)(int8_t)roundf(xb[j] * id);
     }
 }
@@ -118,7 +119,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c"))) static void a
             _mm512_max_ps(_mm512_abs_ps(hi), _mm512_max_ps(_mm512_abs_ps(lo), _mm512_setzero_ps())));
         const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
         const uint16_t h = f32_to_f16(d);
-        memcpy(tl + 2 * ((size_t)k * TT + r), &h, 2);
+        memcpy(tl + scale_off(s->len, k), &h, 2);
         __m512i c[2];
         for (int u = 0; u < 2; u++) {
             const __m512 v = _mm512_mul_ps(u ? hi : lo, _mm512_set1_ps(id));
@@ -194,7 +195,7 @@ static void accum_c(const KVStream *s, const float *p, int ldp, int nq, int t0, 
  * once per block, took a third of a float path's time. */
 AVX2_INLINE float scale16c(const KVStream *s, int t, int k) {
     uint16_t h;
-    memcpy(&h, tile(s, t) + 2 * ((size_t)k * TT + t % TT), 2);
+    memcpy(&h, tile(s, t) + scale_off(t, k), 2);
     return _cvtsh_ss(h);
 }
 
