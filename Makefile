@@ -38,11 +38,12 @@ run: all
 $(BUILD)/test_all: $(TEST_OBJ) $(BUILD)/librun.a
 	$(CC) $(CFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
 
-# Tests run from the repo root (they read tests/data/); CLI tests run $(RUN_BIN).
+# Tests run from the repo root (they read tests/data/); CLI tests run $(RUN_BIN),
+# and the tools' tests the binaries in $(TOOLS_DIR).
 # Criterion runs tests in parallel processes: passive OpenMP waiting keeps
 # their threads from spinning against each other on a small machine.
-test: $(BUILD)/run $(BUILD)/test_all
-	OMP_WAIT_POLICY=passive RUN_BIN=$(BUILD)/run $(BUILD)/test_all $(TEST_ARGS)
+test: $(BUILD)/run $(BUILD)/test_all $(BUILD)/make_model $(BUILD)/bench $(BUILD)/bench_attn
+	OMP_WAIT_POLICY=passive RUN_BIN=$(BUILD)/run TOOLS_DIR=$(BUILD) $(BUILD)/test_all $(TEST_ARGS)
 
 test-asan:
 	$(MAKE) test BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \

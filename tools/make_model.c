@@ -69,15 +69,17 @@ typedef struct {
     int n, cap;
 } Plan;
 
-__attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt, ...) {
+/* One line on stderr and exit with code (1: could not do it, 2: bad arguments). */
+__attribute__((format(printf, 2, 3), noreturn)) static void fail(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "make_model: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
-    exit(1);
+    exit(code);
 }
+#define die(...) fail(1, __VA_ARGS__)
 
 static void add(Plan *p, const char *prefix, const char *name, int64_t rows, int64_t cols, int norm) {
     if (p->n == p->cap) {
@@ -278,6 +280,17 @@ static void usage(void) {
     exit(2);
 }
 
+/* The decimal number v of flag f, within [lo, hi]; exits 2 otherwise. */
+static uint64_t number(const char *f, const char *v, uint64_t lo, uint64_t hi) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (end == v || *end || errno || v[0] == '-' || x < lo || x > hi)
+        fail(2, "%s: expected a whole number from %llu to %llu, found '%s'", f, (unsigned long long)lo,
+             (unsigned long long)hi, v);
+    return x;
+}
+
 int main(int argc, char **argv) {
     const char *shape = NULL, *out = NULL, *tokdir = "tests/data/tokenizer/full";
     uint64_t seed = 1, max_shard = 4000ull * 1000 * 1000;
@@ -290,16 +303,16 @@ int main(int argc, char **argv) {
         if (strcmp(f, "--shape") == 0) shape = v;
         else if (strcmp(f, "--out") == 0) out = v;
         else if (strcmp(f, "--tokenizer") == 0) tokdir = v;
-        else if (strcmp(f, "--seed") == 0) seed = strtoull(v, NULL, 10);
-        else if (strcmp(f, "--layers") == 0) layers = atoi(v);
-        else if (strcmp(f, "--max-shard-mb") == 0) max_shard = (uint64_t)atoll(v) * 1000 * 1000;
+        else if (strcmp(f, "--seed") == 0) seed = number(f, v, 0, UINT64_MAX);
+        else if (strcmp(f, "--layers") == 0) layers = (int)number(f, v, 1, 1000);
+        else if (strcmp(f, "--max-shard-mb") == 0) max_shard = number(f, v, 1, 1000000) * 1000 * 1000;
         else usage();
     }
-    if (!shape || !out || layers < 0 || max_shard == 0) usage();
+    if (!shape || !out) usage();
     Shape s = {0};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (strcmp(shapes[i].name, shape) == 0) s = shapes[i];
-    if (!s.name) die("unknown shape '%s' (expected 0.6b, 1.7b, 4b, 8b, 14b, 32b or tiny)", shape);
+    if (!s.name) fail(2, "--shape: expected 0.6b, 1.7b, 4b, 8b, 14b, 32b or tiny, found '%s'", shape);
     if (layers) s.layers = layers;
     if (mkdir(out, 0755) && errno != EEXIST) die("cannot create %s: %s", out, strerror(errno));
     /* a missing tokenizer should fail before gigabytes of weights are written */

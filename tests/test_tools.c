@@ -1,0 +1,99 @@
+/* test_tools.c: the benchmark tools (tools/make_model.c, bench.c,
+ * bench_attn.c) through their built binaries in $TOOLS_DIR: make_model
+ * writes the same bytes for the same seed, a checkpoint that ./run
+ * ($RUN_BIN) loads, and shards without changing a value; each tool refuses
+ * bad arguments with one line on stderr and exit code 2. Speed itself is
+ * only measured (make bench), never asserted. */
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *tools(void) { return getenv("TOOLS_DIR") ? getenv("TOOLS_DIR") : "build"; }
+static const char *run_bin(void) { return getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run"; }
+
+/* Exit code of a shell command line built like printf. */
+__attribute__((format(printf, 1, 2))) static int sh(const char *fmt, ...) {
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The whole of a small text file (at most 4 KB). */
+static void slurp(const char *path, char *buf, size_t n) {
+    FILE *f = fopen(path, "rb");
+    size_t k = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[k] = 0;
+    if (f) fclose(f);
+}
+
+/* tiny is make_model's quick shape: 2 layers, hidden 256, the full vocabulary
+ * (about 80 MB of bf16, 78 of them the embedding). Seeds 7, 7 again, 8, and
+ * 7 in shards of at most 1 MB (the embedding alone in the first: 6 files). */
+Test(tools, make_model_is_deterministic_and_loads, .timeout = 300) {
+    const char *d = "/tmp/run_tools_mm";
+    const int pid = (int)getpid();
+    const char *mm[4] = {"--seed 7", "--seed 7", "--seed 8", "--seed 7 --max-shard-mb 1"};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(sh("rm -rf %s%d.%d && %s/make_model --shape tiny %s --out %s%d.%d >/dev/null", d, i, pid, tools(),
+                        mm[i], d, i, pid),
+                     0, "make_model %s failed", mm[i]);
+    cr_expect_eq(sh("cmp -s %s0.%d/model.safetensors %s1.%d/model.safetensors", d, pid, d, pid), 0,
+                 "the same seed wrote different weights");
+    cr_expect_eq(sh("cmp -s %s0.%d/config.json %s1.%d/config.json", d, pid, d, pid), 0, "config.json differs");
+    cr_expect_neq(sh("cmp -s %s0.%d/model.safetensors %s2.%d/model.safetensors", d, pid, d, pid), 0,
+                  "seeds 7 and 8 wrote the same weights");
+    cr_expect_eq(sh("test -f %s3.%d/model.safetensors.index.json && test -f %s3.%d/model-00006-of-00006.safetensors", d,
+                    pid, d, pid),
+                 0, "1 MB shards: expected an index and 6 shards");
+    /* the unsharded and sharded checkpoints give the same logits to the bit */
+    for (int i = 0; i < 4; i += 3)
+        cr_assert_eq(sh("%s %s%d.%d -m logits -f tests/data/golden/tiny/hello/prompt.txt -o %s%d.%d.f32 "
+                        ">/dev/null 2>%s%d.%d.err",
+                        run_bin(), d, i, pid, d, i, pid, d, i, pid),
+                     0, "./run on make_model's checkpoint %d failed", i);
+    cr_expect_eq(sh("test -s %s0.%d.f32 && cmp -s %s0.%d.f32 %s3.%d.f32", d, pid, d, pid, d, pid), 0,
+                 "sharding changed the logits");
+    sh("rm -rf %s[0-3].%d %s[0-3].%d.f32 %s[0-3].%d.err", d, pid, d, pid, d, pid);
+}
+
+/* Each case: the arguments, the exit code expected and a piece of the one
+ * line on stderr. */
+Test(tools, bad_arguments_exit_2_with_one_line) {
+    const struct {
+        const char *tool, *args, *says;
+    } cases[] = {
+        {"make_model", "", "usage: make_model"},
+        {"make_model", "--shape 3b --out /tmp/run_tools_never", "--shape: expected 0.6b"},
+        {"make_model", "--shape tiny --seed x7 --out /tmp/run_tools_never", "--seed: expected a whole number"},
+        {"make_model", "--shape tiny --layers 0 --out /tmp/run_tools_never", "--layers: expected a whole number"},
+        {"make_model", "--shape tiny --max-shard-mb -5 --out /tmp/run_tools_never", "--max-shard-mb: expected"},
+        {"bench", "", "usage: bench"},
+        {"bench", "bench/none --threads 0", "usage: bench"},
+        {"bench", "bench/none --kv a,b,c,d,e,f,g,h,i", "--kv: expected at most"},
+        {"bench_attn", "--layers 0", "usage: bench_attn"},
+        {"bench_attn", "8192 x", "usage: bench_attn"},
+    };
+    const int pid = (int)getpid();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = sh("%s/%s %s >/dev/null 2>/tmp/run_tools_err.%d", tools(), cases[i].tool, cases[i].args, pid);
+        char path[64], err[4096];
+        snprintf(path, sizeof path, "/tmp/run_tools_err.%d", pid);
+        slurp(path, err, sizeof err);
+        cr_expect_eq(rc, 2, "%s %s: exit %d, expected 2 (%s)", cases[i].tool, cases[i].args, rc, err);
+        cr_expect(strstr(err, cases[i].says) != NULL, "%s %s: stderr '%s' lacks '%s'", cases[i].tool, cases[i].args,
+                  err, cases[i].says);
+        const char *nl = strchr(err, '\n');
+        cr_expect(nl && (nl[1] == 0 || strncmp(cases[i].says, "usage", 5) == 0), "%s %s: more than one line: '%s'",
+                  cases[i].tool, cases[i].args, err);
+        remove(path);
+    }
+    cr_expect_neq(access("/tmp/run_tools_never", F_OK), 0, "make_model created its --out before refusing");
+}
