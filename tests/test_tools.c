@@ -80,6 +80,7 @@ Test(tools, bad_arguments_exit_2_with_one_line) {
         {"bench", "bench/none --kv a,b,c,d,e,f,g,h,i", "--kv: expected at most"},
         {"bench_attn", "--layers 0", "usage: bench_attn"},
         {"bench_attn", "8192 x", "usage: bench_attn"},
+        {"bench_attn", "--kv q8,nope 1024", "--kv: no scheme 'nope'"},
     };
     const int pid = (int)getpid();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -13,7 +13,10 @@
  * depth, they come from DRAM as they do in the model (3.8 GB for f16 at
  * 32K).
  *
- *   ./build/bench_attn [--layers L] [ctx ...]   (default 1 layer; 1024 8192 32768)
+ *   ./build/bench_attn [--layers L] [--kv f16,q8,...] [ctx ...]
+ *
+ * (defaults: 1 layer, every registered scheme, 1024 8192 32768; f16 is
+ * timed first whatever its place in --kv, for the "vs f16" column).
  */
 #include <math.h>
 #include <omp.h>
@@ -64,15 +67,41 @@ static double time_step(KVStream *k, KVStream *v, int nl, const float *q, float 
     return best;
 }
 
+static int usage(void) {
+    fprintf(stderr, "usage: bench_attn [--layers 1-256] [--kv SCHEME,...] [ctx 1-1048576 ...]\n");
+    return 2;
+}
+
 int main(int argc, char **argv) {
     int ctxs[8] = {1024, 8192, 32768}, nctx = 0, nl = 1;
+    /* the schemes to time, f16 first (the others are compared with it) */
+    const KVScheme *list[64];
+    int nsc = 0;
+    for (int i = 0; i < kv_n_schemes && nsc < 64; i++) list[nsc++] = kv_schemes[i];
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) nl = atoi(argv[++i]);
-        else if (nctx < 8) ctxs[nctx++] = atoi(argv[i]);
-        if (nl < 1 || nl > 256 || (nctx && (ctxs[nctx - 1] < 1 || ctxs[nctx - 1] > (1 << 20)))) {
-            fprintf(stderr, "usage: bench_attn [--layers 1-256] [ctx 1-1048576 ...]\n");
-            return 2;
-        }
+        else if (strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
+            char names[256];
+            snprintf(names, sizeof names, "%s", argv[++i]);
+            nsc = 0;
+            for (char *save, *n = strtok_r(names, ",", &save); n; n = strtok_r(NULL, ",", &save)) {
+                const KVScheme *sc = kv_find(n);
+                if (!sc) {
+                    fprintf(stderr, "bench_attn: --kv: no scheme '%s' (see ./run -h)\n", n);
+                    return 2;
+                }
+                if (nsc == 64) return usage();
+                list[nsc++] = sc;
+            }
+            for (int j = 1; j < nsc; j++)
+                if (strcmp(list[j]->name, "f16") == 0) {
+                    const KVScheme *t = list[0];
+                    list[0] = list[j], list[j] = t;
+                }
+        } else if (nctx < 8) ctxs[nctx++] = atoi(argv[i]);
+        else return usage();
+        if (nl < 1 || nl > 256 || nsc < 1 || (nctx && (ctxs[nctx - 1] < 1 || ctxs[nctx - 1] > (1 << 20))))
+            return usage();
     }
     if (!nctx) nctx = 3;
     int maxctx = 0;
@@ -93,8 +122,8 @@ int main(int argc, char **argv) {
     for (int c = 0; c < nctx; c++) {
         int ctx = ctxs[c];
         double f16_t[3] = {0, 0, 0};
-        for (int si = 0; si < kv_n_schemes; si++) {
-            const KVScheme *sc = kv_schemes[si];
+        for (int si = 0; si < nsc; si++) {
+            const KVScheme *sc = list[si];
             KVOpts o = {0, 0};
             char err[256];
             int made = 0;
