@@ -18,7 +18,8 @@
  *   3. decode at short context: a 16-token prompt, then 128 single-token
  *      forwards (f16 KV), each feeding back the argmax, best of 3 runs,
  *      with one pass of section 1's read loop every 16 tokens (off the
- *      clock) for a roofline against the bandwidth of the same seconds;
+ *      clock) for a roofline against the bandwidth of the same seconds
+ *      (the median of the passes);
  *   4. decode at long context: the cache of every layer and kv head filled
  *      directly with kv_stream_append (random vectors with the magnitudes of
  *      this model's k and v: the work does not depend on the values) to 8K
@@ -242,19 +243,25 @@ static void forward(Model *m, KVCache *kv, const int *tok, int n, float *logits)
 /* Best tok/s of DECODE_REPS runs: a PROMPT-token prompt, then DECODE
  * single-token forwards, each feeding back the argmax. Every BW_EVERY
  * tokens the clock stops for one pass of the read loop over a (t threads,
- * as decode runs), and *bw_near gets the mean of the best run's passes:
+ * as decode runs), and *bw_near gets the median of the best run's passes:
  * the bandwidth the host gave while that run decoded. (Section 1's best of
  * 5 passes, taken minutes earlier in 0.2 s, can meet a quieter host than
  * a run of several seconds: on this project's shared host the two differed
- * by up to 25%, and the roofline with them.) */
+ * by up to 25%, and the roofline with them. The median, since one run's
+ * passes once read a third of the others' while its tokens did not slow.) */
 #define BW_EVERY 16
+#define BW_PASSES ((DECODE + BW_EVERY - 1) / BW_EVERY)
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 static double decode_tps(Model *m, KVCache *kv, const int *tok, float *logits, const float *a, int t,
                          double *bw_near) {
     double tps = 0;
     for (int rep = 0; rep < DECODE_REPS; rep++) {
         kv_cache_truncate(kv, 0);
         forward(m, kv, tok, PROMPT, logits);
-        double busy = 0, bw_sum = 0;
+        double busy = 0, bw[BW_PASSES];
         int passes = 0;
         for (int s = 0; s < DECODE; s += BW_EVERY) {
             double t0 = now();
@@ -263,10 +270,13 @@ static double decode_tps(Model *m, KVCache *kv, const int *tok, float *logits, c
                 forward(m, kv, &x, 1, logits);
             }
             busy += now() - t0;
-            bw_sum += bw_pass(a, t), passes++;
+            bw[passes++] = bw_pass(a, t);
         }
         double r = DECODE / busy;
-        if (r > tps) tps = r, *bw_near = bw_sum / passes;
+        if (r > tps) {
+            qsort(bw, (size_t)passes, sizeof bw[0], cmp_double);
+            tps = r, *bw_near = passes % 2 ? bw[passes / 2] : (bw[passes / 2 - 1] + bw[passes / 2]) / 2;
+        }
     }
     return tps;
 }
@@ -452,8 +462,8 @@ int main(int argc, char **argv) {
     const double short_bytes = wbytes + kvpos_f16 * (PROMPT + (DECODE + 1) / 2.0);
     printf("\n## Decode, %d tokens after a %d-token prompt, f16 KV (best of %d)\n\n"
            "bytes per token = %.3f GB weights + f16 KV at the mean %.0f positions = %.3f GB; roofline against\n"
-           "the bandwidth above, and against the read passes taken between the run's tokens (every %d, off\n"
-           "the clock)\n\n"
+           "the bandwidth above, and against the median of the read passes taken between the run's tokens\n"
+           "(one every %d, off the clock)\n\n"
            "| threads | tok/s | ms/token | roofline | read GB/s between tokens | roofline, same |\n"
            "|---:|---:|---:|---:|---:|---:|\n",
            DECODE, PROMPT, DECODE_REPS, wbytes / 1e9, PROMPT + (DECODE + 1) / 2.0, short_bytes / 1e9, BW_EVERY);
