@@ -360,6 +360,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench: --kv: expected at most %d schemes in under 256 characters, found %d\n", MAX_LIST, nkv);
         return 2;
     }
+    /* every name checked now, not when section 4 reaches it minutes later */
+    char names[256], bad[512];
+    snprintf(names, sizeof names, "%s", kv_list);
+    for (char *save, *name = strtok_r(names, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        KVSpec spec;
+        if (kv_spec_parse(name, &spec, bad, sizeof bad)) {
+            fprintf(stderr, "bench: %s\n", bad);
+            return 2;
+        }
+    }
     int maxt = 1;
     for (int i = 0; i < nt; i++) maxt = threads[i] > maxt ? threads[i] : maxt;
 

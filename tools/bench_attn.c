@@ -67,6 +67,13 @@ static double time_step(KVStream *k, KVStream *v, int nl, const float *q, float 
     return best;
 }
 
+/* A whole decimal number in [lo, hi], or -1. */
+static int whole(const char *v, int lo, int hi) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    return end == v || *end || x < lo || x > hi ? -1 : (int)x;
+}
+
 static int usage(void) {
     fprintf(stderr, "usage: bench_attn [--layers 1-256] [--kv SCHEME,...] [ctx 1-1048576 ...]\n");
     return 2;
@@ -79,7 +86,7 @@ int main(int argc, char **argv) {
     int nsc = 0;
     for (int i = 0; i < kv_n_schemes && nsc < 64; i++) list[nsc++] = kv_schemes[i];
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) nl = atoi(argv[++i]);
+        if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) nl = whole(argv[++i], 1, 256);
         else if (strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
             char names[256];
             snprintf(names, sizeof names, "%s", argv[++i]);
@@ -98,7 +105,7 @@ int main(int argc, char **argv) {
                     const KVScheme *t = list[0];
                     list[0] = list[j], list[j] = t;
                 }
-        } else if (nctx < 8) ctxs[nctx++] = atoi(argv[i]);
+        } else if (nctx < 8) ctxs[nctx++] = whole(argv[i], 1, 1 << 20);
         else return usage();
         if (nl < 1 || nl > 256 || nsc < 1 || (nctx && (ctxs[nctx - 1] < 1 || ctxs[nctx - 1] > (1 << 20))))
             return usage();
