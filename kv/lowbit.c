@@ -340,7 +340,7 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
  * through p16_dpwssd) took it from 51-55 to 48-50 ms for all 224 (2
  * threads, fastest of 20 to 30 runs, alternating in one process). */
 #define LB_AHEAD 32
-#define LB_FAR 512
+#define LB_FAR P16_FAR /* the far distance pairs16.h's accumulate measured (512) */
 
 AVX512_INLINE void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
     const char *p = (const char *)data + (size_t)t * (size_t)vb;

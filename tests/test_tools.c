@@ -79,6 +79,7 @@ Test(tools, bad_arguments_exit_2_with_one_line) {
         {"bench", "bench/none --threads 0", "usage: bench"},
         {"bench", "bench/none --kv a,b,c,d,e,f,g,h,i", "--kv: expected at most"},
         {"bench", "bench/none --kv f16,zzz", "unknown scheme 'zzz'"},
+        {"bench", "bench/none --kv ,", "expected at least one scheme"},
         {"bench_attn", "--layers 0", "usage: bench_attn"},
         {"bench_attn", "8192 x", "usage: bench_attn"},
         {"bench_attn", "8192abc", "usage: bench_attn"},

@@ -354,18 +354,30 @@ int main(int argc, char **argv) {
         if (nt < 1 || nc < 1) return usage();
     }
     if (!dir) return usage();
-    int nkv = 1;
-    for (const char *k = kv_list; *k; k++) nkv += *k == ',';
-    if (nkv > MAX_LIST || strlen(kv_list) >= 256) {
-        fprintf(stderr, "bench: --kv: expected at most %d schemes in under 256 characters, found %d\n", MAX_LIST, nkv);
+    /* the schemes split and checked once, now, not when section 4 reaches
+     * them minutes later */
+    if (strlen(kv_list) >= 256) {
+        fprintf(stderr, "bench: --kv: expected under 256 characters, found %zu\n", strlen(kv_list));
         return 2;
     }
-    /* every name checked now, not when section 4 reaches it minutes later */
-    char names[256], bad[512];
-    snprintf(names, sizeof names, "%s", kv_list);
-    for (char *save, *name = strtok_r(names, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+    char kv_buf[256], bad[512];
+    const char *kv_names[MAX_LIST];
+    int nkv = 0;
+    snprintf(kv_buf, sizeof kv_buf, "%s", kv_list);
+    for (char *save, *name = strtok_r(kv_buf, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        if (nkv == MAX_LIST) {
+            fprintf(stderr, "bench: --kv: expected at most %d schemes\n", MAX_LIST);
+            return 2;
+        }
+        kv_names[nkv++] = name;
+    }
+    if (nkv == 0) {
+        fprintf(stderr, "bench: --kv: expected at least one scheme, found '%s'\n", kv_list);
+        return 2;
+    }
+    for (int k = 0; k < nkv; k++) {
         KVSpec spec;
-        if (kv_spec_parse(name, &spec, bad, sizeof bad)) {
+        if (kv_spec_parse(kv_names[k], &spec, bad, sizeof bad)) {
             fprintf(stderr, "bench: %s\n", bad);
             return 2;
         }
@@ -516,17 +528,14 @@ int main(int argc, char **argv) {
          * on the host during the section falls on every scheme alike */
         KVCache kvs[MAX_LIST];
         KVSpec sps[MAX_LIST];
-        const char *names[MAX_LIST];
+        const char *const *names = kv_names;
         double fill_s[MAX_LIST], tps[MAX_LIST][MAX_LIST] = {{0}};
-        int ns = 0;
-        char list[256];
-        snprintf(list, sizeof list, "%s", kv_list);
-        for (char *save, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
-            names[ns] = name;
-            kv_open(m, &kvs[ns], name, ctx + 1 + steps, &sps[ns]);
+        const int ns = nkv;
+        for (int k = 0; k < ns; k++) {
+            kv_open(m, &kvs[k], names[k], ctx + 1 + steps, &sps[k]);
             double t0 = now();
-            kv_fill(&kvs[ns], ctx, kpool, vpool, maxt);
-            fill_s[ns++] = now() - t0;
+            kv_fill(&kvs[k], ctx, kpool, vpool, maxt);
+            fill_s[k] = now() - t0;
         }
         for (int rep = 0; rep < LONG_REPS; rep++)
             for (int k = 0; k < ns; k++)
