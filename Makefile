@@ -62,6 +62,7 @@ $(BUILD)/make_model: $(BUILD)/tools/make_model.o
 # ignored) and reused: tools/make_model.c, 1.2 GB each, ~10 s each.
 bench/qwen3-0.6b bench/qwen3-0.6b-mtp: | $(BUILD)/make_model
 	rm -rf $@.tmp
+	@mkdir -p $(dir $@)
 	$(BUILD)/make_model --shape 0.6b $(if $(findstring -mtp,$@),--mtp) --out $@.tmp
 	mv $@.tmp $@
 
