@@ -575,10 +575,11 @@ int main(int argc, char **argv) {
     if (rc == 0 && is_compare) {
         CompareRow rows[64];
         /* the reference keeps the stored weights: a second load of the same
-         * files, mapped (it shares their pages with m's) when m was converted */
+         * files when m was converted, in memory as m was (bf16 in panels),
+         * so that its numbers are those of the same run without -wq */
         Model ref;
         int two = a.wq_q8;
-        if (two && model_load(&ref, dir, MODEL_MAPPED, err, sizeof err)) {
+        if (two && model_load(&ref, dir, 0, err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);
             rc = 1;
             two = 0;

@@ -355,6 +355,22 @@ int st_to_memory(TensorStore *ts) {
     return moved;
 }
 
+int st_in_copy(const TensorStore *ts, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (int f = 0; f < ts->n_files; f++) {
+        const STFile *F = &ts->files[f];
+        const uint8_t *m = F->map;
+        if (F->region && b >= m && n <= F->size && (size_t)(b - m) <= F->size - n) return 1;
+    }
+    return 0;
+}
+
+void st_copies_writable(TensorStore *ts, int writable) {
+    for (int f = 0; f < ts->n_files; f++)
+        if (ts->files[f].region)
+            mprotect(ts->files[f].region, ts->files[f].region_len, writable ? PROT_READ | PROT_WRITE : PROT_READ);
+}
+
 void st_close(TensorStore *ts) {
     for (int i = 0; i < ts->n_tensors; i++) free(ts->tensors[i].name);
     for (int i = 0; i < ts->n_files; i++) {

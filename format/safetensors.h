@@ -66,6 +66,11 @@ int st_open_file(TensorStore *ts, const char *path, char *err, size_t errlen);
  * together they exceed half the physical memory, or when the memory cannot
  * be had. Returns how many files are now copies. */
 int st_to_memory(TensorStore *ts);
+/* Whether the n bytes at p lie in a copy st_to_memory made, which the
+ * loader may rewrite (relay weights) between st_copies_writable(ts, 1)
+ * and st_copies_writable(ts, 0); copies are read-only otherwise. */
+int st_in_copy(const TensorStore *ts, const void *p, size_t n);
+void st_copies_writable(TensorStore *ts, int writable);
 const STensor *st_find(const TensorStore *ts, const char *name);
 void st_close(TensorStore *ts);
 

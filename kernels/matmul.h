@@ -31,7 +31,13 @@
  *   data:  | 16 rows x |code + 128 (u8) x 4 columns| | per 4 columns, per tile
  *   scale: | 16 rows x f32 d | per 32 columns, per tile
  * y = sum over blocks b of (d_w,b * d_x,b) * (sum_j q_w,j q_x,j). */
-typedef enum { DT_F32, DT_F16, DT_BF16, DT_Q8, DT_Q8I } DType;
+/* DT_BF16P: bf16 relaid at load in panels of 32 rows (weight_to_panels),
+ * for the AVX-512 path; panel p is one 64-byte word per column k, whose
+ * 16 lanes of bf16 pairs hold rows 32p + l (low half) and 32p + l + 16
+ * (high half):
+ *   data:  | k = 0: |row 0|row 16|row 1|row 17| .. |row 15|row 31| | k = 1: .. | per panel
+ * Every y[i][o] over it is one fma chain over k = 0, 1, .. in order. */
+typedef enum { DT_F32, DT_F16, DT_BF16, DT_BF16P, DT_Q8, DT_Q8I } DType;
 
 static inline size_t dtype_size(DType t) { return t == DT_F32 ? 4 : t >= DT_Q8 ? 1 : 2; }
 
@@ -55,6 +61,13 @@ int weight_quantize_q8i(const Weight *src, Weight *dst);
 /* Whether DT_Q8I has its fast kernel here (kernels_isa() is avx512vnni); without it DT_Q8I runs the plain C reference, same results for
  * finite activations. */
 int matmul_has_q8i(void);
+/* Relays a row-major DT_BF16 w as DT_BF16P in place (its bytes must be
+ * writable). 0 ok; -1 when w is not DT_BF16, rows is not a positive
+ * multiple of 32, or memory for one panel's rows runs out, w untouched. */
+int weight_to_panels(Weight *w);
+/* Whether matmul has its fast kernel for DT_BF16P here (AVX-512); without
+ * it DT_BF16P runs the plain C reference. */
+int matmul_has_panels(void);
 /* Frees what weight_quantize_q8 / _q8i allocated; mapped weights are left alone. */
 void weight_free(Weight *w);
 

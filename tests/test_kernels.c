@@ -285,6 +285,68 @@ Test(kernels, matmul_threads_compute_every_row_once) {
     }
 }
 
+/* DT_BF16P (bf16 relaid in 32-row panels): weight_to_panels keeps every
+ * weight (weight_row, the values quantize reads) and refuses what it cannot
+ * lay out; on every ISA matmul gives the reference's fma chain to the bit
+ * (so rows do not depend on the batch), for batches that take the 2 x 6
+ * and 1 x 12 tiles and their remainders, chunks of one and two panels, the
+ * next-chunk prefetch (192 rows), and any team size. */
+Test(kernels, panels_match_reference_to_the_bit) {
+    const int shapes[][2] = {{32, 1}, {96, 100}, {192, 1030}, {64, 2112}}, ns[] = {1, 3, 6, 7, 12, 13, 40};
+    for (int si = 0; si < 4; si++) {
+        const int out = shapes[si][0], in = shapes[si][1];
+        void *mem, *memp;
+        Weight b = make_weight(DT_BF16, out, in, &mem), p = b;
+        memp = malloc((size_t)out * in * 2);
+        memcpy(memp, mem, (size_t)out * in * 2);
+        p.data = memp;
+        cr_assert_eq(weight_to_panels(&p), 0);
+        cr_assert_eq(p.dtype, DT_BF16P);
+        float *rb = malloc(sizeof(float) * in), *rp = malloc(sizeof(float) * in);
+        for (int o = 0; o < out; o++) {
+            weight_row(&b, o, rb), weight_row(&p, o, rp);
+            cr_expect(memcmp(rb, rp, sizeof(float) * in) == 0, "%dx%d: row %d of the panels differs", out, in, o);
+        }
+        free(rb), free(rp);
+        float *x = malloc(sizeof(float) * 40 * in), *ref = malloc(sizeof(float) * 40 * out),
+              *got = malloc(sizeof(float) * 40 * out);
+        for (int i = 0; i < 40 * in; i++) x[i] = frand();
+        for (size_t k = 0; k < NISA; k++) {
+            if (kernels_set_isa(isas[k])) continue;
+            for (int ni = 0; ni < 7; ni++) {
+                const int n = ns[ni];
+                kernels_set_isa("ref");
+                matmul_ref(ref, x, &p, n);
+                kernels_set_isa(isas[k]);
+                for (int t = 1; t <= 3; t += 2) {
+                    omp_set_num_threads(t);
+                    cr_assert_eq(matmul_reserve(n, in), 0);
+                    for (int i = 0; i < n * out; i++) got[i] = NAN;
+                    matmul(got, x, &p, n);
+                    cr_expect(memcmp(got, ref, sizeof(float) * n * out) == 0, "%s %dx%d, %d tokens, %d threads: not the reference's bits",
+                              isas[k], out, in, n, t);
+                }
+            }
+        }
+        /* within the float rounding of the row-major matmul */
+        kernels_set_isa("ref");
+        matmul_ref(got, x, &b, 40);
+        for (int i = 0; i < 40 * out; i++)
+            cr_expect(fabsf(got[i] - ref[i]) <= 2e-5f * sqrtf((float)in), "%dx%d at %d: %g vs %g", out, in, i, ref[i], got[i]);
+        free(x), free(ref), free(got), free(mem), free(memp);
+    }
+    /* what it cannot lay out stays as it is */
+    void *mem;
+    Weight w = make_weight(DT_BF16, 48, 64, &mem), f;
+    cr_expect_eq(weight_to_panels(&w), -1);
+    cr_expect_eq(w.dtype, DT_BF16);
+    free(mem);
+    f = make_weight(DT_F32, 64, 64, &mem);
+    cr_expect_eq(weight_to_panels(&f), -1);
+    cr_expect_eq(f.dtype, DT_F32);
+    free(mem);
+}
+
 /* DT_Q8I (the drafter's integer dots): the VNNI kernel gives exactly the
  * reference's numbers, alone, in a batch of 1 to 9 tokens and inside
  * matmul_multi; they hold the same weights as q8 (weight_row) and stay
