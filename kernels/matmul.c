@@ -476,34 +476,42 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
  * whatever the tile. */
 #define PANEL_T 12
 
-/* Panels [p0, p0 + P) x tokens [i, i + T), all columns; token i + t's
- * x[k] is xt[k * xs + t] (a tile of transposed x, or x itself for one
- * token), so that the T broadcasts of a step are one pointer plus constant
- * offsets: with each token's row in a register of its own the compiler ran
- * out of registers and reloaded their offsets every step. Each step also
- * prefetches the line at pf, advancing with the panel's words: PREFETCH_BYTES
- * ahead while the panels stream from memory, the next chunk's panels while
- * this one is in cache, or the line being read (no branch in the loop). */
-AVX512 void panel512(float *y, const float *xt, size_t xs, const Weight *w, int p0, const int P, int i, const int T,
+/* Panels [p0, p0 + P) x tokens [i, i + T), all columns. x comes in
+ * blocks of PANEL_K columns: token i + t's x[k] is
+ * xb[(k / PANEL_K) * bs + t * PANEL_K + k % PANEL_K] (see block_rows; x
+ * itself for one token), so the T broadcasts of a step are one pointer plus
+ * constant offsets. (With each token's row at a stride known only at run
+ * time, the compiler ran out of registers and reloaded the rows' offsets
+ * every step.) Each step also prefetches the line at pf, advancing with
+ * the panel's words: PREFETCH_BYTES ahead while the panels stream from
+ * memory, the next chunk's panels while this one is in cache, or the line
+ * being read (no branch in the loop). */
+#define PANEL_K 1024
+AVX512 void panel512(float *y, const float *xb, size_t bs, const Weight *w, int p0, const int P, int i, const int T,
                      const char *pf) {
     const int in = w->cols, out = w->rows;
     const uint16_t *wp = (const uint16_t *)w->data + (size_t)p0 * 32 * in;
     __m512 acc[2][2][PANEL_T];
     for (int p = 0; p < P; p++)
         for (int t = 0; t < T; t++) acc[p][0][t] = acc[p][1][t] = _mm512_setzero_ps();
-    for (int k = 0; k < in; k++) {
-        __m512 lo[2], hi[2];
-        for (int p = 0; p < P; p++) {
-            const uint16_t *q = wp + ((size_t)p * in + k) * 32;
-            _mm_prefetch(pf + ((size_t)p * in + k) * 64, _MM_HINT_T1);
-            lo[p] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(q), 16));
-            hi[p] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xAAAAAAAAu, q));
-        }
-        for (int t = 0; t < T; t++) {
-            const __m512 xb = _mm512_set1_ps(xt[(size_t)k * xs + t]);
+    for (int k0 = 0; k0 < in; k0 += PANEL_K) {
+        const float *xk = xb + (size_t)(k0 / PANEL_K) * bs;
+        const int kn = in - k0 < PANEL_K ? in - k0 : PANEL_K;
+        for (int kk = 0; kk < kn; kk++) {
+            const size_t k = (size_t)k0 + kk;
+            __m512 lo[2], hi[2];
             for (int p = 0; p < P; p++) {
-                acc[p][0][t] = _mm512_fmadd_ps(lo[p], xb, acc[p][0][t]);
-                acc[p][1][t] = _mm512_fmadd_ps(hi[p], xb, acc[p][1][t]);
+                const uint16_t *q = wp + ((size_t)p * in + k) * 32;
+                _mm_prefetch(pf + ((size_t)p * in + k) * 64, _MM_HINT_T1);
+                lo[p] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(q), 16));
+                hi[p] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xAAAAAAAAu, q));
+            }
+            for (int t = 0; t < T; t++) {
+                const __m512 x = _mm512_set1_ps(xk[t * PANEL_K + kk]);
+                for (int p = 0; p < P; p++) {
+                    acc[p][0][t] = _mm512_fmadd_ps(lo[p], x, acc[p][0][t]);
+                    acc[p][1][t] = _mm512_fmadd_ps(hi[p], x, acc[p][1][t]);
+                }
             }
         }
     }
@@ -516,9 +524,9 @@ AVX512 void panel512(float *y, const float *xt, size_t xs, const Weight *w, int 
 }
 
 /* panel512 with P and T as constants (P 2: T up to 6). */
-AVX512 void panel512_t(float *y, const float *xt, size_t xs, const Weight *w, int p0, int P, int i, int T,
+AVX512 void panel512_t(float *y, const float *xb, size_t bs, const Weight *w, int p0, int P, int i, int T,
                        const char *pf) {
-#define PT(p, t) case (p) * 16 + (t): panel512(y, xt, xs, w, p0, p, i, t, pf); break;
+#define PT(p, t) case (p) * 16 + (t): panel512(y, xb, bs, w, p0, p, i, t, pf); break;
     switch (P * 16 + T) {
         PT(1, 1) PT(1, 2) PT(1, 3) PT(1, 4) PT(1, 5) PT(1, 6) PT(1, 7) PT(1, 8) PT(1, 9) PT(1, 10) PT(1, 11) PT(1, 12)
         PT(2, 1) PT(2, 2) PT(2, 3) PT(2, 4) PT(2, 5) PT(2, 6)
@@ -527,28 +535,32 @@ AVX512 void panel512_t(float *y, const float *xt, size_t xs, const Weight *w, in
 #undef PT
 }
 
-/* Tokens [i0, i1) of x [n, in] transposed into PANEL_T-token tiles:
- * xt [n / PANEL_T rounded up][in][PANEL_T], token i's x[k] at
- * xt[((i / PANEL_T) * in + k) * PANEL_T + i % PANEL_T] (unused lanes of a
- * last, short tile are never read). */
-static void transpose_rows(float *xt, const float *x, int i0, int i1, int in) {
-    for (int i = i0; i < i1; i++) {
-        float *dst = xt + (size_t)(i / PANEL_T) * in * PANEL_T + i % PANEL_T;
-        for (int k = 0; k < in; k++) dst[(size_t)k * PANEL_T] = x[(size_t)i * in + k];
-    }
+/* Column blocks of x [n, in] per PANEL_T-token tile (a copy of each row's
+ * pieces, no transposing):
+ *   xb: | tile 0: | block 0: | token 0: PANEL_K floats | .. | token 11 | | block 1 .. | | tile 1 .. |
+ * so a tile's block b starts at b * PANEL_T * PANEL_K (bs) and token t's
+ * piece of it at t * PANEL_K; the last block of a row may be short. */
+static size_t xb_tile_floats(int in) { return (size_t)((in + PANEL_K - 1) / PANEL_K) * PANEL_T * PANEL_K; }
+static void block_rows(float *xb, const float *x, int i0, int i1, int in) {
+    for (int i = i0; i < i1; i++)
+        for (int k0 = 0; k0 < in; k0 += PANEL_K)
+            memcpy(xb + (size_t)(i / PANEL_T) * xb_tile_floats(in) + (size_t)(k0 / PANEL_K) * PANEL_T * PANEL_K +
+                       (size_t)(i % PANEL_T) * PANEL_K,
+                   x + (size_t)i * in + k0, (size_t)(in - k0 < PANEL_K ? in - k0 : PANEL_K) * sizeof(float));
 }
 
-/* One chunk, rows [o0, o1) (1 or 2 panels), for all n tokens (xt: x
- * transposed, unless n is 1). Up to 6 tokens both panels go side by side;
+/* One chunk, rows [o0, o1) (1 or 2 panels), for all n tokens (xb: x in
+ * blocks, unless n is 1). Up to 6 tokens both panels go side by side;
  * past that each token tile of up to PANEL_T takes the panels one by one
  * (they stay in L2 after the first tile), and the second tile prefetches
  * the chunk after this one when it is in the same matrix: this thread's
  * likely next (see runs_next). */
-AVX512 void panels512(float *y, const float *x, const float *xt, const Weight *w, int o0, int o1, int n) {
+AVX512 void panels512(float *y, const float *x, const float *xb, const Weight *w, int o0, int o1, int n) {
     const int in = w->cols, np = (o1 - o0) / 32;
+    const size_t bs = PANEL_T * PANEL_K;
     const char *wd = (const char *)w->data + (size_t)o0 * in * 2;
     if (n <= 6) {
-        panel512_t(y, n == 1 ? x : xt, n == 1 ? 1 : PANEL_T, w, o0 / 32, np, 0, n, wd + PREFETCH_BYTES);
+        panel512_t(y, n == 1 ? x : xb, n == 1 ? PANEL_K : bs, w, o0 / 32, np, 0, n, wd + PREFETCH_BYTES);
         return;
     }
     const char *nx = o1 + (o1 - o0) <= w->rows ? wd + (size_t)(o1 - o0) * in * 2 : NULL;
@@ -557,7 +569,7 @@ AVX512 void panels512(float *y, const float *x, const float *xt, const Weight *w
         for (int p = 0; p < np; p++) {
             const size_t at = (size_t)p * in * 64;
             const char *pf = tile == 0 ? wd + at + PREFETCH_BYTES : tile == 1 && nx ? nx + at : wd + at;
-            panel512_t(y, xt + (size_t)tile * in * PANEL_T, PANEL_T, w, o0 / 32 + p, 1, i, T, pf);
+            panel512_t(y, xb + (size_t)tile * xb_tile_floats(in), bs, w, o0 / 32 + p, 1, i, T, pf);
         }
     }
 }
@@ -663,8 +675,9 @@ static int runs_next(Run *run, int nruns, int me) {
     return -1;
 }
 
-/* Floats of xt_buf for n tokens of cols: whole PANEL_T-token tiles. */
-static size_t xt_floats(int n, int cols) { return (size_t)((n + PANEL_T - 1) / PANEL_T) * PANEL_T * cols; }
+/* Floats of xt_buf for n tokens of cols: whole PANEL_T-token tiles of
+ * whole blocks (block_rows). */
+static size_t xt_floats(int n, int cols) { return (size_t)((n + PANEL_T - 1) / PANEL_T) * xb_tile_floats(cols); }
 
 int matmul_reserve(int n, int cols) {
     if (!buf_get(&split_buf, (size_t)n * cols)) return -1;
@@ -695,7 +708,7 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
     /* a few rows are split (transposed) before the team starts, saving it a barrier */
     const int split_alone = (size_t)n * in <= 16384;
     if (split && split_alone) split_rows(xs, x, 0, n, in);
-    if (tr && split_alone) transpose_rows(xt, x, 0, n, in);
+    if (tr && split_alone) block_rows(xt, x, 0, n, in);
     Run run[RUNS_MAX];
     const int nruns = runs_init(run, threads, first[count]);
 #pragma omp parallel num_threads(threads)
@@ -706,7 +719,7 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
 #pragma omp for schedule(static)
             for (int i = 0; i < n; i++) {
                 if (split) split_rows(xs, x, i, i + 1, in);
-                if (tr) transpose_rows(xt, x, i, i + 1, in);
+                if (tr) block_rows(xt, x, i, i + 1, in);
             }
         }
         for (int c; (c = runs_next(run, nruns, me % nruns)) >= 0;) {
