@@ -181,6 +181,13 @@ int weight_to_panels(Weight *w) {
 }
 
 void weight_row(const Weight *w, int r, float *out) {
+    if (w->dtype == DT_BF16P) {
+        /* row r is one half-word of every 64-byte word of its panel */
+        const int l = r % 32;
+        const uint16_t *p = (const uint16_t *)w->data + (size_t)(r / 32) * 32 * w->cols + (l < 16 ? 2 * l : 2 * l - 31);
+        for (int j = 0; j < w->cols; j++) out[j] = bf16_to_f32(p[(size_t)j * 32]);
+        return;
+    }
     size_t base = (size_t)r * (size_t)w->cols;
     for (int j = 0; j < w->cols; j++) out[j] = wval(w, base + (size_t)j);
 }
