@@ -474,9 +474,10 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
  * and no f32 copy of the weights per batch, which the row-major tiles pay
  * for. On the 0.6B shape at 2 threads, the same model loaded both ways and
  * run alternately (throwaway harness): prefill of 512 tokens 257 -> 301
- * tok/s, decode 23.4 -> 27.8 tok/s. In a matmul-only harness, prefetching
- * the next chunk during the second token tile took 0.6B's four matmul
- * shapes from 66% to 74% of the FMA peak.
+ * tok/s, decode 23.4 -> 27.8 tok/s. In a matmul-only harness of 0.6B's
+ * four matmul shapes at 120 tokens, prefetching the next chunk during the
+ * second token tile took 1 x 12 tiles from 59-69% to 65-75% of the FMA
+ * peak (four rounds).
  * A tile is P panels x T tokens, P * 2 * T sums: 2 x 6 (24 sums, 4 weight
  * vectors) for up to 6 tokens, 1 x 12 past that (measured best of 1 x 8,
  * 1 x 12, 2 x 5, 2 x 6). Every sum is the same fma chain over k in order,
@@ -590,12 +591,13 @@ AVX512 void panels512(float *y, const float *x, const float *xb, const Weight *w
  *          block are left out: the tail reads x);
  *   pack:  [threads, 64, in] widened bf16 chunks, one per team thread;
  *   q8i:   x quantized for DT_Q8I: [n, in] codes, then [n, in / 32] scales
- *          and as many biases. */
+ *          and as many biases;
+ *   xb:    x in column blocks per 12-token tile for DT_BF16P (block_rows). */
 typedef struct {
     float *buf;
     size_t cap;
 } Buf64;
-static _Thread_local Buf64 split_buf, pack_buf, q8i_buf, xt_buf;
+static _Thread_local Buf64 split_buf, pack_buf, q8i_buf, xb_buf;
 
 static float *buf_get(Buf64 *b, size_t floats) {
     if (floats > b->cap) {
@@ -682,15 +684,15 @@ static int runs_next(Run *run, int nruns, int me) {
     return -1;
 }
 
-/* Floats of xt_buf for n tokens of cols: whole PANEL_T-token tiles of
+/* Floats of xb_buf for n tokens of cols: whole PANEL_T-token tiles of
  * whole blocks (block_rows). */
-static size_t xt_floats(int n, int cols) { return (size_t)((n + PANEL_T - 1) / PANEL_T) * xb_tile_floats(cols); }
+static size_t xb_floats(int n, int cols) { return (size_t)((n + PANEL_T - 1) / PANEL_T) * xb_tile_floats(cols); }
 
 int matmul_reserve(int n, int cols) {
     if (!buf_get(&split_buf, (size_t)n * cols)) return -1;
     if (!buf_get(&q8i_buf, q8i_floats(n, cols))) return -1;
     if (n >= PACK_MIN && !buf_get(&pack_buf, (size_t)omp_get_max_threads() * 64 * cols)) return -1;
-    if (n > 1 && !buf_get(&xt_buf, xt_floats(n, cols))) return -1;
+    if (n > 1 && !buf_get(&xb_buf, xb_floats(n, cols))) return -1;
     return 0;
 }
 
@@ -702,31 +704,32 @@ int matmul_reserve(int n, int cols) {
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))) static int
 matmul512(float *const *y, const Weight *const *w, int count, const float *x, int n) {
     const int in = w[0]->cols;
-    int first[MATMUL_MAX_MULTI + 1], split = 0, tr = 0;
+    int first[MATMUL_MAX_MULTI + 1], split = 0, blocks = 0;
     chunk_starts(first, w, count);
-    for (int k = 0; k < count; k++) split |= w[k]->dtype == DT_BF16, tr |= w[k]->dtype == DT_BF16P && n > 1;
-    float *xs = split ? buf_get(&split_buf, (size_t)n * in) : NULL, *xt = tr ? buf_get(&xt_buf, xt_floats(n, in)) : NULL;
-    if ((split && !xs) || (tr && !xt)) return -1;
+    for (int k = 0; k < count; k++) split |= w[k]->dtype == DT_BF16, blocks |= w[k]->dtype == DT_BF16P && n > 1;
+    float *xs = split ? buf_get(&split_buf, (size_t)n * in) : NULL;
+    float *xb = blocks ? buf_get(&xb_buf, xb_floats(n, in)) : NULL;
+    if ((split && !xs) || (blocks && !xb)) return -1;
     /* no pack buffer (out of memory) only means tiles widen as they go */
     const int threads = omp_get_max_threads();
     int widen = split;
     for (int k = 0; k < count; k++) widen |= w[k]->dtype == DT_Q8;
     float *pack = widen && n >= PACK_MIN ? buf_get(&pack_buf, (size_t)threads * 64 * in) : NULL;
-    /* a few rows are split (transposed) before the team starts, saving it a barrier */
+    /* a few rows are split (or blocked) before the team starts, saving it a barrier */
     const int split_alone = (size_t)n * in <= 16384;
     if (split && split_alone) split_rows(xs, x, 0, n, in);
-    if (tr && split_alone) block_rows(xt, x, 0, n, in);
+    if (blocks && split_alone) block_rows(xb, x, 0, n, in);
     Run run[RUNS_MAX];
     const int nruns = runs_init(run, threads, first[count]);
 #pragma omp parallel num_threads(threads)
     {
         const int me = omp_get_thread_num();
         float *mine = pack ? pack + (size_t)me * 64 * in : NULL;
-        if ((split || tr) && !split_alone) {
+        if ((split || blocks) && !split_alone) {
 #pragma omp for schedule(static)
             for (int i = 0; i < n; i++) {
                 if (split) split_rows(xs, x, i, i + 1, in);
-                if (tr) block_rows(xt, x, i, i + 1, in);
+                if (blocks) block_rows(xb, x, i, i + 1, in);
             }
         }
         for (int c; (c = runs_next(run, nruns, me % nruns)) >= 0;) {
@@ -737,7 +740,7 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
             case DT_F32: chunk512(y[k], x, x, wk, o0, o1, n, DT_F32, NULL); break;
             case DT_F16: chunk512(y[k], x, x, wk, o0, o1, n, DT_F16, NULL); break;
             case DT_Q8: chunk512(y[k], x, x, wk, o0, o1, n, DT_Q8, mine); break;
-            case DT_BF16P: panels512(y[k], x, xt, wk, o0, o1, n); break;
+            case DT_BF16P: panels512(y[k], x, xb, wk, o0, o1, n); break;
             default: chunk512(y[k], xs, x, wk, o0, o1, n, DT_BF16, mine); break;
             }
         }
