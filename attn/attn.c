@@ -1,11 +1,15 @@
 /* attn.c: online-softmax attention over a compressed KV stream.
  *
- * Per kv head: rotate the nq queries into the K scheme's domain once (scale
+ * Per kv head: rotate the queries into the K scheme's domain once (scale
  * folded in), then walk the positions in ATTN_CHUNK blocks: scores from the
  * scheme's score function, a running max m and denominator l per head
  * (Milakov & Gimelshein 2018, the FlashAttention recurrence), values summed
  * by the scheme's accumulate function in the V scheme's domain, and one
  * rotation back at the end. Nothing dequantizes the cache into a buffer.
+ * A block of consecutive tokens shares each chunk's pass over K and V (the
+ * scheme's score and accumulate take all their queries at once), and each
+ * query's softmax runs over exactly the chunks and positions it would get
+ * alone, the positions past its own weighted by exact zeros.
  */
 #include "attn/attn.h"
 #include "kernels/ops.h"
@@ -22,11 +26,11 @@ size_t attn_scratch_floats(int nq, int d) {
     return ((size_t)nq * (2 * (size_t)d + ATTN_CHUNK + 2) + 15) & ~(size_t)15;
 }
 
-void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out,
-                float *scratch) {
-    const int d = k->d, len = k->len;
-    float *qd = scratch, *acc = qd + (size_t)nq * d, *p = acc + (size_t)nq * d;
-    float *m = p + (size_t)nq * ATTN_CHUNK, *l = m + nq;
+void attn_block(const KVStream *k, const KVStream *v, const float *q, int nq, int ntok, size_t ld, float scale,
+                float *out, float *scratch) {
+    const int d = k->d, len = k->len, nall = nq * ntok;
+    float *qd = scratch, *acc = qd + (size_t)nall * d, *p = acc + (size_t)nall * d;
+    float *m = p + (size_t)nall * ATTN_CHUNK, *l = m + nall;
     /* Subnormals are flushed to zero (MXCSR's FTZ and DAZ) until the end:
      * scores spread over more than 87 give weights below FLT_MIN, and a
      * scheme's scale times a weight can fall there too, and every subnormal
@@ -35,36 +39,51 @@ void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, fl
      * is below 1e-38 of the output. */
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);
-    for (int i = 0; i < nq; i++) {
+    /* query i is head i % nq of token i / nq */
+    for (int i = 0; i < nall; i++) {
         float *qi = qd + (size_t)i * d;
-        kv_to_domain(k, q + (size_t)i * d, qi);
+        kv_to_domain(k, q + (size_t)(i / nq) * ld + (size_t)(i % nq) * d, qi);
         for (int j = 0; j < d; j++) qi[j] *= scale;
         m[i] = -INFINITY;
         l[i] = 0;
     }
-    memset(acc, 0, (size_t)nq * d * sizeof(float));
+    memset(acc, 0, (size_t)nall * d * sizeof(float));
     for (int t0 = 0; t0 < len; t0 += ATTN_CHUNK) {
         int t1 = t0 + ATTN_CHUNK < len ? t0 + ATTN_CHUNK : len, n = t1 - t0;
-        kv_score(k, qd, nq, t0, t1, p, ATTN_CHUNK);
-        for (int i = 0; i < nq; i++) {
-            float *pi = p + (size_t)i * ATTN_CHUNK, cm = max_from(pi, n, m[i]);
+        kv_score(k, qd, nall, t0, t1, p, ATTN_CHUNK);
+        for (int i = 0; i < nall; i++) {
+            /* this query sees positions [0, end): of this chunk, the first ni */
+            const int end = len - ntok + 1 + i / nq, ni = end - t0 < n ? end - t0 : n;
+            float *pi = p + (size_t)i * ATTN_CHUNK;
+            if (ni <= 0) {
+                memset(pi, 0, (size_t)n * sizeof(float));
+                continue;
+            }
+            float cm = max_from(pi, ni, m[i]);
             /* rescale what was accumulated under the old max */
             float corr = expf(m[i] - cm);
             if (corr != 1.0f) {
                 float *ai = acc + (size_t)i * d;
                 for (int j = 0; j < d; j++) ai[j] *= corr;
             }
-            l[i] = l[i] * corr + exp_sub_sum(pi, n, cm);
+            l[i] = l[i] * corr + exp_sub_sum(pi, ni, cm);
             m[i] = cm;
+            /* positions it does not see weigh exactly 0: acc gains exact zeros */
+            memset(pi + ni, 0, (size_t)(n - ni) * sizeof(float));
         }
-        kv_accum(v, p, ATTN_CHUNK, nq, t0, t1, acc);
+        kv_accum(v, p, ATTN_CHUNK, nall, t0, t1, acc);
     }
-    for (int i = 0; i < nq; i++) {
+    for (int i = 0; i < nall; i++) {
         float *ai = acc + (size_t)i * d, inv = 1.0f / l[i];
         for (int j = 0; j < d; j++) ai[j] *= inv;
-        kv_from_domain(v, ai, out + (size_t)i * d);
+        kv_from_domain(v, ai, out + (size_t)(i / nq) * ld + (size_t)(i % nq) * d);
     }
     _mm_setcsr(csr);
+}
+
+void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out,
+                float *scratch) {
+    attn_block(k, v, q, nq, 1, 0, scale, out, scratch);
 }
 
 void attn_group_ref(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out) {

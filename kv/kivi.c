@@ -492,12 +492,12 @@ const KVScheme kv_kivi2 = {
     .name = "kivi2", .desc = "KIVI 2-bit: K per channel, V per token, f32 window (g32:r128)",
     .bits = kivi2_bits, .check = kivi_check, .init = kivi2_init, .free = kivi_free,
     .append = kivi_append, .truncate = kivi_truncate, .dequant = kivi_dequant,
-    .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes,
+    .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes, .windowed = 1,
 };
 
 const KVScheme kv_kivi4 = {
     .name = "kivi4", .desc = "KIVI 4-bit: K per channel, V per token, f32 window (g32:r128)",
     .bits = kivi4_bits, .check = kivi_check, .init = kivi4_init, .free = kivi_free,
     .append = kivi_append, .truncate = kivi_truncate, .dequant = kivi_dequant,
-    .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes,
+    .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes, .windowed = 1,
 };

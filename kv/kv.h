@@ -32,6 +32,12 @@ typedef struct KVStream KVStream;
 /* Deepest rollback a stream must support (speculative decoding drafts far
  * fewer); kv_stream_truncate refuses deeper ones. */
 #define KV_MAX_ROLLBACK 64
+/* score and accum must give each query the same bits whatever other
+ * queries share the call, for nq up to this (past it a scheme may switch
+ * kernels: q8's and tbq4's integer accumulate take at most 8). Prefill's
+ * attention blocks rely on it (attn/attn.h), and
+ * kv/queries_do_not_depend_on_their_neighbours holds every scheme to it. */
+#define KV_MAX_NQ 8
 /* Largest head_dim a stream accepts (Qwen3 uses 128; 256 exists elsewhere). */
 #define KV_MAX_DIM 512
 
@@ -84,6 +90,10 @@ typedef struct KVScheme {
      * share of Σ_t |p_t · v_t[j]|, and the tests hold the kernel to the
      * float reference within it. */
     float accum_err;
+    /* 1 when an append can change how earlier positions read back (KIVI's
+     * float window, quantized later): prefill then attends token by token
+     * right after each append, as decode does, instead of in blocks. */
+    int windowed;
 } KVScheme;
 
 struct KVStream {

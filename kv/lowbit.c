@@ -866,7 +866,11 @@ void lb_kv_dequant(const KVStream *s, int t, float *out) {
     lb_dequant(f, s->data + (size_t)t * (size_t)f->vec_bytes, out);
 }
 
-/* Heads go in groups of at most 4 (5 -> 3 + 2, 8 -> 4 + 4). */
+/* Heads go in groups of at most 4 (5 -> 3 + 2, 8 -> 4 + 4), or 2 where the
+ * float AVX-512 path would give up to two heads score16_one, whose sums run
+ * in another order than score16_pos's: so a head's scores never depend on
+ * how many heads share the call (KV_MAX_NQ, which prefill's attention
+ * blocks rely on). */
 void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     const LbFmt *f = s->aux;
     const int wide = kernels_level() > 1 && f->kind == LB_IDX4;
@@ -874,7 +878,9 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
         kv_score_ref(s, q, nq, t0, t1, out, ldo);
         return;
     }
-    for (int i0 = 0, left = (nq + 3) / 4; i0 < nq; left--) {
+    const int one = wide && !(kernels_level() >= 3 && i8_path(s)) && f->nb == 1 && f->n == 128 && !f->renorm,
+              most = one ? 2 : 4;
+    for (int i0 = 0, left = (nq + most - 1) / most; i0 < nq; left--) {
         int m = (nq - i0 + left - 1) / left;
         const float *qi = q + (size_t)i0 * s->d;
         float *oi = out + (size_t)i0 * ldo;

@@ -12,9 +12,9 @@
  *   score:  out[i][t] = q_i . k_t      tiles of 4 positions x up to 4 heads:
  *           each widened key vector feeds every head, 16-lane partial
  *           sums, then four horizontal sums at once
- *   accum:  acc_i += p_i,t v_t         up to 2 heads x 128 values kept in
- *           16 registers across the whole position range, so acc is read
- *           and written once per call instead of once per position
+ *   accum:  acc_i += p_i,t v_t         2 heads x 128 values (or 4 x 64)
+ *           kept in 16 registers across the whole position range, so acc
+ *           is read and written once per call instead of once per position
  *
  * Each dot product and each accumulator sees its terms in the same order
  * whatever tile it falls in, so results do not depend on the range split.
@@ -98,18 +98,21 @@ TILE512 void tile_score_all(const KVStream *s, Widen32 w, size_t rb, const float
     }
 }
 
-/* NH heads' values j0..j0+127 held in registers over positions [t0, t1). */
-TILE512 void tile_accum(const KVStream *s, Widen32 w, size_t rb, const float *p, int ldp, const int NH, int j0, int t0,
-                        int t1, float *acc) {
+/* NH heads' values j0..j0+W-1 held in registers over positions [t0, t1):
+ * 2 heads x 128 values, or 4 heads x 64, whose widened values each feed
+ * twice the FMAs (prefill's blocks of queries). Each sum is the same fma
+ * chain over t either way. */
+TILE512 void tile_accum(const KVStream *s, Widen32 w, size_t rb, const float *p, int ldp, const int NH, const int W,
+                        int j0, int t0, int t1, float *acc) {
     const int d = s->d;
-    __m512 a[2][8];
+    __m512 a[4][8];
     for (int i = 0; i < NH; i++)
-        for (int v = 0; v < 8; v++) a[i][v] = _mm512_loadu_ps(acc + (size_t)i * d + j0 + 16 * v);
+        for (int v = 0; v < W / 16; v++) a[i][v] = _mm512_loadu_ps(acc + (size_t)i * d + j0 + 16 * v);
     for (int t = t0; t < t1; t++) {
-        __m512 pv[2];
+        __m512 pv[4];
         if (j0 == 0) tile_prefetch(s, rb, t);
         for (int i = 0; i < NH; i++) pv[i] = _mm512_set1_ps(p[(size_t)i * ldp + (t - t0)]);
-        for (int v = 0; v < 8; v += 2) {
+        for (int v = 0; v < W / 16; v += 2) {
             __m512 lo, hi;
             w(s, t, j0 + 16 * v, &lo, &hi);
             for (int i = 0; i < NH; i++) {
@@ -119,18 +122,23 @@ TILE512 void tile_accum(const KVStream *s, Widen32 w, size_t rb, const float *p,
         }
     }
     for (int i = 0; i < NH; i++)
-        for (int v = 0; v < 8; v++) _mm512_storeu_ps(acc + (size_t)i * d + j0 + 16 * v, a[i][v]);
+        for (int v = 0; v < W / 16; v++) _mm512_storeu_ps(acc + (size_t)i * d + j0 + 16 * v, a[i][v]);
 }
 
-/* kv_accum for d % 128 == 0: heads two at a time, 128 values at a time. */
+/* kv_accum for d % 128 == 0: heads four at a time, 64 values at a time,
+ * then the rest two (or one) at a time, 128 values at a time. */
 TILE512 void tile_accum_all(const KVStream *s, Widen32 w, size_t rb, const float *p, int ldp, int nq, int t0, int t1,
                             float *acc) {
-    for (int i0 = 0; i0 < nq; i0 += 2)
+    int i0 = 0;
+    for (; i0 + 4 <= nq; i0 += 4)
+        for (int j0 = 0; j0 < s->d; j0 += 64)
+            tile_accum(s, w, rb, p + (size_t)i0 * ldp, ldp, 4, 64, j0, t0, t1, acc + (size_t)i0 * s->d);
+    for (; i0 < nq; i0 += 2)
         for (int j0 = 0; j0 < s->d; j0 += 128) {
             const float *ph = p + (size_t)i0 * ldp;
             float *ah = acc + (size_t)i0 * s->d;
-            if (nq - i0 >= 2) tile_accum(s, w, rb, ph, ldp, 2, j0, t0, t1, ah);
-            else tile_accum(s, w, rb, ph, ldp, 1, j0, t0, t1, ah);
+            if (nq - i0 >= 2) tile_accum(s, w, rb, ph, ldp, 2, 128, j0, t0, t1, ah);
+            else tile_accum(s, w, rb, ph, ldp, 1, 128, j0, t0, t1, ah);
         }
 }
 

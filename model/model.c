@@ -161,7 +161,8 @@ static int scratch_init(Model *m, char *err, size_t errlen) {
     s->hb2 = floats64(cap * I);
     s->rope_cs = floats64(cap * half);
     s->rope_sn = floats64(cap * half);
-    s->attn_scratch = floats64((size_t)s->threads * attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim));
+    const int grp = c->n_heads / c->n_kv_heads;
+    s->attn_scratch = floats64((size_t)s->threads * attn_scratch_floats(grp * attn_block_tokens(grp), c->head_dim));
     if (m->has_mtp) s->cat = floats64(cap * 2 * H);
     /* the widest input any projection here takes: hidden, attention out,
      * ffn, or the MTP head's concatenation */
@@ -391,19 +392,26 @@ static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) 
     }
     if (m->trace_q && L != &m->mtp_layer)
         memcpy(m->trace_q + (size_t)cl * s->cap * qd, s->q, (size_t)n * qd * sizeof(float));
-    /* Each kv head is an independent stream: one thread appends position i
-     * and immediately attends from it, exactly as decode would. */
-    size_t per = attn_scratch_floats(grp, hd);
+    /* Each kv head is an independent stream: one thread appends a few
+     * positions and attends from all of them at once (attn_block), with the
+     * same bits as decode appending and attending one by one; a windowed
+     * scheme, whose appends change earlier positions, goes one by one. */
+    const int blk = attn_block_tokens(grp);
+    size_t per = attn_scratch_floats(grp * blk, hd);
     /* scratch was sized for s->threads at load: never run more */
 #pragma omp parallel for schedule(static) num_threads(s->threads)
     for (int h = 0; h < nkv; h++) {
         float *scr = s->attn_scratch + (size_t)omp_get_thread_num() * per;
         KVStream *ks = kv_k(kv, cl, h), *vs = kv_v(kv, cl, h);
-        for (int i = 0; i < n; i++) {
-            kv_stream_append(ks, s->k + (size_t)i * kvd + (size_t)h * hd);
-            kv_stream_append(vs, s->v + (size_t)i * kvd + (size_t)h * hd);
-            size_t qo = (size_t)i * qd + (size_t)h * grp * hd;
-            attn_group(ks, vs, s->q + qo, grp, scale, s->att + qo, scr);
+        const int block = ks->scheme->windowed || vs->scheme->windowed ? 1 : blk;
+        for (int i0 = 0; i0 < n; i0 += block) {
+            const int b = n - i0 < block ? n - i0 : block;
+            for (int i = i0; i < i0 + b; i++) {
+                kv_stream_append(ks, s->k + (size_t)i * kvd + (size_t)h * hd);
+                kv_stream_append(vs, s->v + (size_t)i * kvd + (size_t)h * hd);
+            }
+            size_t qo = (size_t)i0 * qd + (size_t)h * grp * hd;
+            attn_block(ks, vs, s->q + qo, grp, b, qd, scale, s->att + qo, scr);
         }
     }
     matmul(s->xb, s->att, &L->wo, n);

@@ -2,7 +2,8 @@
  * registry. A new scheme adds one line to `expect` below and gets them all:
  * round-trip error, fast score/accumulate vs the dequantize reference,
  * attention vs f32 attention, exact storage size, truncate/append
- * equivalence, and prefill-vs-decode independence of attention output.
+ * equivalence, and prefill-vs-decode independence of attention output
+ * (a query's numbers do not depend on the queries sharing its call).
  */
 #include <criterion/criterion.h>
 #include <immintrin.h>
@@ -204,6 +205,69 @@ static void fast_paths_check(void) {
                     free(a);
                     free(b);
                 }
+}
+
+/* Prefill's attention blocks (attn_block) rest on KV_MAX_NQ: a query's
+ * scores and sums are the same bits whoever shares the call, up to that
+ * many queries, on every ISA, for K and V streams; and a block of 4 tokens
+ * attended at once gives what attn_group gave each right after its own
+ * append (KIVI, windowed, is left to go token by token). */
+Test(kv, queries_do_not_depend_on_their_neighbours) {
+    const char *isas[] = {"ref", "avx2", "avx512", "avx512vnni"};
+    for (int k = 0; k < 4; k++) {
+        if (kernels_set_isa(isas[k])) continue;
+        for (int si = 0; si < kv_n_schemes; si++)
+            for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+                for (int role = 0; role < 2; role++) {
+                    const KVScheme *sc = kv_schemes[si];
+                    const int d = dims[di], n = 300, nq = KV_MAX_NQ;
+                    KVStream s;
+                    if (!open_stream_as(&s, sc, d, n, role)) continue;
+                    float *x = malloc(sizeof(float) * n * d), *q = malloc(sizeof(float) * nq * d),
+                          *p = malloc(sizeof(float) * nq * 128), *all = malloc(sizeof(float) * nq * KV_MAX_DIM),
+                          *two = malloc(sizeof(float) * nq * KV_MAX_DIM);
+                    fill(x, n * d);
+                    for (int t = 0; t < n; t++) kv_stream_append(&s, x + t * d);
+                    for (int i = 0; i < nq; i++) kv_to_domain(&s, x + (i * 37 % n) * d, q + i * d);
+                    kv_score(&s, q, nq, 128, 256, all, 128);
+                    for (int i = 0; i < nq; i += 2) kv_score(&s, q + i * d, 2, 128, 256, two + i * 128, 128);
+                    cr_expect(memcmp(all, two, sizeof(float) * nq * 128) == 0, "%s %s role %d d=%d: scores of %d queries differ",
+                              kernels_isa(), sc->name, role, d, nq);
+                    for (int i = 0; i < nq * 128; i++) p[i] = urand() < 0.2 ? 0 : (float)urand();
+                    memset(all, 0, sizeof(float) * nq * d), memset(two, 0, sizeof(float) * nq * d);
+                    kv_accum(&s, p, 128, nq, 128, 256, all);
+                    for (int i = 0; i < nq; i += 2) kv_accum(&s, p + i * 128, 128, 2, 128, 256, two + i * d);
+                    cr_expect(memcmp(all, two, sizeof(float) * nq * d) == 0, "%s %s role %d d=%d: sums of %d queries differ",
+                              kernels_isa(), sc->name, role, d, nq);
+                    kv_stream_free(&s);
+                    free(x), free(q), free(p), free(all), free(two);
+                }
+        for (int si = 0; si < kv_n_schemes; si++) {
+            const KVScheme *sc = kv_schemes[si];
+            if (sc->windowed) continue;
+            const int d = 128, n = 203, nq = 2, b = KV_MAX_NQ / nq;
+            KVStream k1, v1, k2, v2;
+            if (!open_stream_as(&k1, sc, d, n, 0)) continue;
+            cr_assert(open_stream_as(&v1, sc, d, n, 1) && open_stream_as(&k2, sc, d, n, 0) && open_stream_as(&v2, sc, d, n, 1));
+            float *kx = malloc(sizeof(float) * n * d), *vx = malloc(sizeof(float) * n * d), *q = malloc(sizeof(float) * n * nq * d),
+                  *o1 = malloc(sizeof(float) * n * nq * d), *o2 = malloc(sizeof(float) * n * nq * d),
+                  *scr = malloc(sizeof(float) * attn_scratch_floats(nq * b, d));
+            fill(kx, n * d), fill(vx, n * d), fill(q, n * nq * d);
+            for (int i = 0; i < n; i++) {
+                kv_stream_append(&k1, kx + i * d), kv_stream_append(&v1, vx + i * d);
+                attn_group(&k1, &v1, q + i * nq * d, nq, 0.09f, o1 + i * nq * d, scr);
+            }
+            for (int i0 = 0; i0 < n; i0 += b) {
+                const int m = n - i0 < b ? n - i0 : b;
+                for (int i = i0; i < i0 + m; i++) kv_stream_append(&k2, kx + i * d), kv_stream_append(&v2, vx + i * d);
+                attn_block(&k2, &v2, q + i0 * nq * d, nq, m, (size_t)nq * d, 0.09f, o2 + i0 * nq * d, scr);
+            }
+            cr_expect(memcmp(o1, o2, sizeof(float) * n * nq * d) == 0, "%s %s: attn_block differs from attn_group",
+                      kernels_isa(), sc->name);
+            kv_stream_free(&k1), kv_stream_free(&v1), kv_stream_free(&k2), kv_stream_free(&v2);
+            free(kx), free(vx), free(q), free(o1), free(o2), free(scr);
+        }
+    }
 }
 
 /* Integer scores (kernels_level() 3): each scheme's kernel equals its
