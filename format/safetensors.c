@@ -365,10 +365,13 @@ int st_in_copy(const TensorStore *ts, const void *p, size_t n) {
     return 0;
 }
 
-void st_copies_writable(TensorStore *ts, int writable) {
+int st_copies_writable(TensorStore *ts, int writable) {
+    int rc = 0;
     for (int f = 0; f < ts->n_files; f++)
-        if (ts->files[f].region)
-            mprotect(ts->files[f].region, ts->files[f].region_len, writable ? PROT_READ | PROT_WRITE : PROT_READ);
+        if (ts->files[f].region &&
+            mprotect(ts->files[f].region, ts->files[f].region_len, writable ? PROT_READ | PROT_WRITE : PROT_READ))
+            rc = -1;
+    return rc;
 }
 
 void st_close(TensorStore *ts) {

@@ -68,9 +68,11 @@ int st_open_file(TensorStore *ts, const char *path, char *err, size_t errlen);
 int st_to_memory(TensorStore *ts);
 /* Whether the n bytes at p lie in a copy st_to_memory made, which the
  * loader may rewrite (relay weights) between st_copies_writable(ts, 1)
- * and st_copies_writable(ts, 0); copies are read-only otherwise. */
+ * and st_copies_writable(ts, 0); copies are read-only otherwise.
+ * st_copies_writable returns 0, or -1 when the protection of a copy could
+ * not be changed. */
 int st_in_copy(const TensorStore *ts, const void *p, size_t n);
-void st_copies_writable(TensorStore *ts, int writable);
+int st_copies_writable(TensorStore *ts, int writable);
 const STensor *st_find(const TensorStore *ts, const char *name);
 void st_close(TensorStore *ts);
 

@@ -60,7 +60,7 @@ Test(model, golden_small) {
 /* Logits of a position must not depend on how the prompt was split: one
  * batch of n vs a batch of n-k then k single-token steps, for each scheme,
  * to the bit (matmul sums every output in one order whatever the batch,
- * and prefill attends position by position as decode does). */
+ * and prefill's attention blocks give each position decode's bits). */
 static void check_split(const char *fixture, const char *scheme) {
     Model m;
     KVCache a, b;
