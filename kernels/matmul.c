@@ -82,6 +82,11 @@ int kernels_set_isa(const char *name) {
     return 0;
 }
 
+/* Where row r (mod 32) of a DT_BF16P panel sits in each column's 64-byte
+ * word: half-word 2r for rows 0-15 (the lanes' low halves), 2(r - 16) + 1
+ * for rows 16-31 (their high halves). */
+static inline int panel_slot(int r) { return r < 16 ? 2 * r : 2 * r - 31; }
+
 /* Element idx of w as f32; a q8 element is its code times its block's
  * scale (one rounding), exactly what the SIMD paths widen it to. */
 static inline float wval(const Weight *w, size_t idx) {
@@ -96,7 +101,7 @@ static inline float wval(const Weight *w, size_t idx) {
     }
     case DT_BF16P: {
         const size_t o = idx / (size_t)w->cols, j = idx % (size_t)w->cols, r = o % 32;
-        return bf16_to_f32(((const uint16_t *)w->data)[((o / 32) * w->cols + j) * 32 + (r < 16 ? 2 * r : 2 * r - 31)]);
+        return bf16_to_f32(((const uint16_t *)w->data)[((o / 32) * w->cols + j) * 32 + panel_slot((int)r)]);
     }
     default: return bf16_to_f32(((const uint16_t *)w->data)[idx]);
     }
@@ -170,10 +175,7 @@ int weight_to_panels(Weight *w) {
         uint16_t *panel = d + (size_t)p * 32 * cols, *src = buf + (size_t)omp_get_thread_num() * 32 * cols;
         memcpy(src, panel, (size_t)32 * cols * sizeof(uint16_t));
         for (int j = 0; j < cols; j++)
-            for (int l = 0; l < 16; l++) {
-                panel[(size_t)j * 32 + 2 * l] = src[(size_t)l * cols + j];
-                panel[(size_t)j * 32 + 2 * l + 1] = src[(size_t)(l + 16) * cols + j];
-            }
+            for (int r = 0; r < 32; r++) panel[(size_t)j * 32 + panel_slot(r)] = src[(size_t)r * cols + j];
     }
     free(buf);
     w->dtype = DT_BF16P;
@@ -183,8 +185,7 @@ int weight_to_panels(Weight *w) {
 void weight_row(const Weight *w, int r, float *out) {
     if (w->dtype == DT_BF16P) {
         /* row r is one half-word of every 64-byte word of its panel */
-        const int l = r % 32;
-        const uint16_t *p = (const uint16_t *)w->data + (size_t)(r / 32) * 32 * w->cols + (l < 16 ? 2 * l : 2 * l - 31);
+        const uint16_t *p = (const uint16_t *)w->data + (size_t)(r / 32) * 32 * w->cols + panel_slot(r % 32);
         for (int j = 0; j < w->cols; j++) out[j] = bf16_to_f32(p[(size_t)j * 32]);
         return;
     }
