@@ -506,6 +506,10 @@ AVX512 void panel512(float *y, const float *xb, size_t bs, const Weight *w, int 
     for (int k0 = 0; k0 < in; k0 += PANEL_K) {
         const float *xk = xb + (size_t)(k0 / PANEL_K) * bs;
         const int kn = in - k0 < PANEL_K ? in - k0 : PANEL_K;
+        /* unrolled 4 steps: prefill 512 tokens +4.4% at 2 threads, +3.6% at
+         * 1 (the same model through either build in one process, 6 and 3
+         * rounds); the sums are unchanged */
+#pragma GCC unroll 4
         for (int kk = 0; kk < kn; kk++) {
             const size_t k = (size_t)k0 + kk;
             __m512 lo[2], hi[2];
