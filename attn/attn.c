@@ -41,9 +41,7 @@ void attn_block(const KVStream *k, const KVStream *v, const float *q, int nq, in
     _mm_setcsr(csr | 0x8040);
     /* query i is head i % nq of token i / nq */
     for (int i = 0; i < nall; i++) {
-        float *qi = qd + (size_t)i * d;
-        kv_to_domain(k, q + (size_t)(i / nq) * ld + (size_t)(i % nq) * d, qi);
-        for (int j = 0; j < d; j++) qi[j] *= scale;
+        kv_to_domain_scaled(k, q + (size_t)(i / nq) * ld + (size_t)(i % nq) * d, scale, qd + (size_t)i * d);
         m[i] = -INFINITY;
         l[i] = 0;
     }
@@ -74,9 +72,7 @@ void attn_block(const KVStream *k, const KVStream *v, const float *q, int nq, in
         kv_accum(v, p, ATTN_CHUNK, nall, t0, t1, acc);
     }
     for (int i = 0; i < nall; i++) {
-        float *ai = acc + (size_t)i * d, inv = 1.0f / l[i];
-        for (int j = 0; j < d; j++) ai[j] *= inv;
-        kv_from_domain(v, ai, out + (size_t)(i / nq) * ld + (size_t)(i % nq) * d);
+        kv_from_domain_scaled(v, acc + (size_t)i * d, 1.0f / l[i], out + (size_t)(i / nq) * ld + (size_t)(i % nq) * d);
     }
     _mm_setcsr(csr);
 }

@@ -148,6 +148,24 @@ void kv_from_domain(const KVStream *s, const float *y, float *x) {
     else if (y != x) memcpy(x, y, (size_t)s->d * sizeof(float));
 }
 
+void kv_to_domain_scaled(const KVStream *s, const float *x, float a, float *y) {
+    if (s->scheme->to_domain) {
+        s->scheme->to_domain(s, x, y);
+        for (int j = 0; j < s->d; j++) y[j] *= a;
+    } else {
+        for (int j = 0; j < s->d; j++) y[j] = x[j] * a;
+    }
+}
+
+void kv_from_domain_scaled(const KVStream *s, float *y, float a, float *x) {
+    if (s->scheme->from_domain) {
+        for (int j = 0; j < s->d; j++) y[j] *= a;
+        s->scheme->from_domain(s, y, x);
+    } else {
+        for (int j = 0; j < s->d; j++) x[j] = y[j] * a;
+    }
+}
+
 void kv_stream_get(const KVStream *s, int t, float *out) {
     float tmp[KV_MAX_DIM];
     s->scheme->dequant(s, t, tmp);

@@ -151,6 +151,11 @@ void kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *
 void kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc);
 void kv_to_domain(const KVStream *s, const float *x, float *y);
 void kv_from_domain(const KVStream *s, const float *y, float *x);
+/* The same with every value times a (attention's score scale, the softmax's
+ * 1 / sum): one pass where the domain is the identity, and bit for bit the
+ * rotation followed by the product. kv_from_domain_scaled scales y in place. */
+void kv_to_domain_scaled(const KVStream *s, const float *x, float a, float *y);
+void kv_from_domain_scaled(const KVStream *s, float *y, float a, float *x);
 
 int kv_cache_init(KVCache *c, const KVSpec *spec, int n_layers, int n_kv, int d, int cap,
                   char *err, size_t errlen);
