@@ -725,7 +725,10 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
     const int in = w[0]->cols;
     int first[MATMUL_MAX_MULTI + 1], split = 0, blocks = 0;
     chunk_starts(first, w, count);
-    for (int k = 0; k < count; k++) split |= w[k]->dtype == DT_BF16, blocks |= w[k]->dtype == DT_BF16P && n > 1;
+    /* x of exactly PANEL_K columns is already in its blocks (tiles of
+     * PANEL_T rows of PANEL_K): no copy */
+    for (int k = 0; k < count; k++)
+        split |= w[k]->dtype == DT_BF16, blocks |= w[k]->dtype == DT_BF16P && n > 1 && in != PANEL_K;
     float *xs = split ? buf_get(&split_buf, (size_t)n * in) : NULL;
     float *xb = blocks ? buf_get(&xb_buf, xb_floats(n, in)) : NULL;
     if ((split && !xs) || (blocks && !xb)) return -1;
@@ -759,7 +762,7 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
             case DT_F32: chunk512(y[k], x, x, wk, o0, o1, n, DT_F32, NULL); break;
             case DT_F16: chunk512(y[k], x, x, wk, o0, o1, n, DT_F16, NULL); break;
             case DT_Q8: chunk512(y[k], x, x, wk, o0, o1, n, DT_Q8, mine); break;
-            case DT_BF16P: panels512(y[k], x, xb, wk, o0, o1, n); break;
+            case DT_BF16P: panels512(y[k], x, blocks ? xb : x, wk, o0, o1, n); break;
             default: chunk512(y[k], xs, x, wk, o0, o1, n, DT_BF16, mine); break;
             }
         }

@@ -292,8 +292,12 @@ Test(kernels, matmul_threads_compute_every_row_once) {
  * and 1 x 12 tiles and their remainders, chunks of one and two panels, the
  * next-chunk prefetch (192 rows), and any team size. */
 Test(kernels, panels_match_reference_to_the_bit) {
-    const int shapes[][2] = {{32, 1}, {96, 100}, {192, 1030}, {64, 2112}}, ns[] = {1, 3, 6, 7, 12, 13, 40};
-    for (int si = 0; si < 4; si++) {
+    /* 1024 columns: x used in place of its blocks; 100 tokens: 9 tiles, the
+     * next chunk prefetched in eighths */
+    const int shapes[][2] = {{32, 1}, {96, 100}, {192, 1030}, {64, 2112}, {128, 1024}},
+              ns[] = {1, 3, 6, 7, 12, 13, 40, 100};
+    const int NS = sizeof ns / sizeof ns[0], NMAX = 100;
+    for (int si = 0; si < 5; si++) {
         const int out = shapes[si][0], in = shapes[si][1];
         void *mem, *memp;
         Weight b = make_weight(DT_BF16, out, in, &mem), p = b;
@@ -308,12 +312,12 @@ Test(kernels, panels_match_reference_to_the_bit) {
             cr_expect(memcmp(rb, rp, sizeof(float) * in) == 0, "%dx%d: row %d of the panels differs", out, in, o);
         }
         free(rb), free(rp);
-        float *x = malloc(sizeof(float) * 40 * in), *ref = malloc(sizeof(float) * 40 * out),
-              *got = malloc(sizeof(float) * 40 * out);
-        for (int i = 0; i < 40 * in; i++) x[i] = frand();
+        float *x = malloc(sizeof(float) * NMAX * in), *ref = malloc(sizeof(float) * NMAX * out),
+              *got = malloc(sizeof(float) * NMAX * out);
+        for (int i = 0; i < NMAX * in; i++) x[i] = frand();
         for (size_t k = 0; k < NISA; k++) {
             if (kernels_set_isa(isas[k])) continue;
-            for (int ni = 0; ni < 7; ni++) {
+            for (int ni = 0; ni < NS; ni++) {
                 const int n = ns[ni];
                 kernels_set_isa("ref");
                 matmul_ref(ref, x, &p, n);
