@@ -15,10 +15,10 @@
 #include <string.h>
 
 /* Tokens per forward chunk: bounds scratch memory (about 80 KB a token on
- * 0.6B with the matmul buffers),
- * long prompts loop. 256 against 128: prefill of 512 tokens +2.4% at 2
- * threads (the same model through both builds in one process, 10 rounds):
- * each matmul's weights stream from memory once per chunk. */
+ * 0.6B with the matmul buffers); long prompts loop. 256 against 128:
+ * prefill of 512 tokens +2.4% at 2 threads (the same model through both
+ * builds in one process, 10 rounds): each matmul's weights stream from
+ * memory once per chunk. */
 #define MODEL_BATCH 256
 
 /* ---- loading ---- */
