@@ -568,12 +568,13 @@ static void block_rows(float *xb, const float *x, int i0, int i1, int in) {
  * past that each token tile of up to PANEL_T takes the panels one by one
  * (they stay in L2 after the first tile), and tiles 1 to PF_SPREAD each
  * prefetch one PF_SPREAD-th of the chunk after this one when it is in the
- * same matrix: this thread's likely next (see runs_next). With tiles of
- * 128 tokens, spreading it over 8 tiles instead of fetching all of it
- * during the second took prefill of 512 tokens from 278.8 to 291.7 tok/s at
- * 2 threads (the same model through both builds in one process, 6 rounds):
- * a burst of one chunk's panels in one tile's time left both threads
- * waiting on memory. Fewer tiles than that take the whole chunk in tile 1. */
+ * same matrix: this thread's likely next (see runs_next). With forward
+ * chunks of 128 tokens (11 tiles), spreading it over 8 tiles instead of
+ * fetching all of it during the second took prefill of 512 tokens from
+ * 278.8 to 291.7 tok/s at 2 threads (the same model through both builds in
+ * one process, 6 rounds): a burst of one chunk's panels in one tile's time
+ * left both threads waiting on memory. Fewer tiles than PF_SPREAD + 1 take
+ * the whole chunk in tile 1. */
 #define PF_SHIFT 3
 #define PF_SPREAD (1 << PF_SHIFT)
 AVX512 void panels512(float *y, const float *x, const float *xb, const Weight *w, int o0, int o1, int n) {

@@ -153,7 +153,8 @@ void kv_to_domain(const KVStream *s, const float *x, float *y);
 void kv_from_domain(const KVStream *s, const float *y, float *x);
 /* The same with every value times a (attention's score scale, the softmax's
  * 1 / sum): one pass where the domain is the identity, and bit for bit the
- * rotation followed by the product. kv_from_domain_scaled scales y in place. */
+ * rotation followed by the product. kv_from_domain_scaled may scale y in
+ * place (attention's accumulator, scratch by then). */
 void kv_to_domain_scaled(const KVStream *s, const float *x, float a, float *y);
 void kv_from_domain_scaled(const KVStream *s, float *y, float a, float *x);
 
