@@ -33,6 +33,7 @@ typedef struct {
     const char *model, *prompt, *prompt_file, *mode, *system, *kv, *out;
     int n, top_k, ctx, threads, think, spec; /* spec: -1 = default */
     int wq_q8, draft_q8;  /* -wq, -wq-draft: 1 = q8 */
+    int act_bf16;         /* -act: 1 = bf16 */
     float temp, top_p, min_p;
     unsigned long long seed;
     int set_temp, set_top_p, set_top_k, set_min_p, set_seed, set_n, set_kv;
@@ -71,6 +72,11 @@ static void usage(FILE *f) {
             "  -wq TYPE         matmul weights: stored (as in the checkpoint, default) | q8 (converted\n"
             "                   at load to q8_0 blocks with f32 scales: 9/16 of bf16's bytes);\n"
             "                   compare: the schemes run on q8, the f32 reference on the stored ones\n"
+            "  -act TYPE        matmul inputs: f32 (default, exact) | bf16 (rounded to bf16 for AVX-512 BF16's\n"
+            "                   vdpbf16ps, as llama.cpp's bf16 path does: prefill about 2x where the CPU runs it\n"
+            "                   at twice the FMA rate (AMD Zen 4), slower where it does not (Intel Xeon);\n"
+            "                   logits move by about 1e-2; needs a bf16 checkpoint and that instruction);\n"
+            "                   compare: the schemes run on bf16, the f32 reference on f32 inputs\n"
             "  -wq-draft TYPE   the MTP drafter's weights: q8 (default; with AVX-512 VNNI its activations\n"
             "                   are quantized to q8 too, for integer dot products) | stored; greedy output\n"
             "                   is the same either way, sampled output keeps the main model's distribution\n"
@@ -159,6 +165,9 @@ static int parse_args(int argc, char **argv, Args *a) {
             if (!q8 && strcmp(v, "stored") != 0) return usage_error("%s: expected stored or q8, found '%s'", f, v);
             if (strcmp(f, "-wq-draft") == 0) a->draft_q8 = q8;
             else a->wq_q8 = q8;
+        } else if (strcmp(f, "-act") == 0) {
+            if (strcmp(v, "bf16") && strcmp(v, "f32")) return usage_error("-act: expected f32 or bf16, found '%s'", v);
+            a->act_bf16 = strcmp(v, "bf16") == 0;
         } else if (strcmp(f, "-think") == 0) {
             if (parse_int(v, 0, 1, &l)) return usage_error("-think: expected 0 or 1, found '%s'", v);
             a->think = (int)l;
@@ -190,6 +199,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (scores && !a->prompt && !a->prompt_file)
         return usage_error("-m %s needs a text (-f FILE or -i TEXT)", a->mode);
     if (!strcmp(a->mode, "logits") && !a->out) return usage_error("-m logits needs -o FILE");
+    if (a->act_bf16 && a->wq_q8) return usage_error("-act bf16 runs on bf16 weights as stored: not with -wq q8");
     return 0;
 }
 
@@ -473,7 +483,7 @@ int main(int argc, char **argv) {
     const char *dir = a.model ? a.model : default_model(model_buf, sizeof model_buf);
     KVSpec spec, specs[64];
     int n_specs = 0, is_compare = strcmp(a.mode, "compare") == 0;
-    if (is_compare && parse_compare_list(a.set_kv ? a.kv : NULL, a.wq_q8, specs, &n_specs, err, sizeof err))
+    if (is_compare && parse_compare_list(a.set_kv ? a.kv : NULL, a.wq_q8 || a.act_bf16, specs, &n_specs, err, sizeof err))
         return usage_error("%s", err);
     if (!is_compare && kv_spec_parse(a.kv, &spec, err, sizeof err)) return usage_error("%s", err);
     if (is_compare) spec = specs[0];
@@ -525,7 +535,8 @@ int main(int argc, char **argv) {
      * converts them anyway (a copy would only leave the originals resident) */
     const char *keep = getenv("RUN_MMAP");
     const int mapped = a.wq_q8 || (keep && strcmp(keep, "1") == 0);
-    if (!bad && model_load(&m, dir, mapped ? MODEL_MAPPED : 0, err, sizeof err)) bad = 1;
+    if (!bad && model_load(&m, dir, (mapped ? MODEL_MAPPED : 0) | (a.act_bf16 ? MODEL_ACT_BF16 : 0), err, sizeof err))
+        bad = 1;
     if (!bad && a.wq_q8) {
         double t0 = now();
         if (model_quantize(&m, MODEL_MAIN, err, sizeof err)) {
@@ -572,20 +583,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "model %s: %d layers, hidden %d, heads %d/%d x %d, vocab %d%s; kv %s, context %d, %d threads, %s\n",
                 dir, m.cfg.n_layers, m.cfg.hidden, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim, m.cfg.vocab_size,
                 m.has_mtp ? ", MTP head" : "", kvname, ctx, omp_get_max_threads(), kernels_isa());
+        if (a.act_bf16) fprintf(stderr, "matmul inputs: bf16 (vdpbf16ps)\n");
     }
     if (rc == 0 && is_compare) {
         CompareRow rows[64];
-        /* the reference keeps the stored weights: a second load of the same
-         * files when m was converted, in memory as m was (bf16 in panels),
-         * so that its numbers are those of the same run without -wq */
+        /* the reference keeps the stored weights and f32 inputs: a second
+         * load of the same files when m was converted or relaid for bf16
+         * inputs, in memory (bf16 in panels), so that its numbers are those
+         * of the same run without -wq or -act */
         Model ref;
-        int two = a.wq_q8;
+        int two = a.wq_q8 || a.act_bf16;
         if (two && model_load(&ref, dir, 0, err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);
             rc = 1;
             two = 0;
         }
-        if (rc == 0 && (compare_run(two ? &ref : &m, &m, "q8", specs, n_specs, ids, n_ids, ctx, n_gen, rows, err,
+        if (rc == 0 && (compare_run(two ? &ref : &m, &m, a.wq_q8 ? "q8" : "act bf16", specs, n_specs, ids, n_ids, ctx, n_gen, rows, err,
                                     sizeof err) ||
                         (a.out && compare_svg(a.out, rows, n_specs, dir, err, sizeof err)))) {
             fprintf(stderr, "error: %s\n", err);

@@ -18,6 +18,16 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+/* f32 -> bf16 as AVX-512 BF16's vcvtneps2bf16 rounds: to nearest even,
+ * NaN kept (made quiet), subnormal inputs to a zero of their sign. */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)(u >> 16 | 0x40);
+    if ((u & 0x7F800000) == 0) return (uint16_t)(u >> 16 & 0x8000);
+    return (uint16_t)((u + 0x7FFF + (u >> 16 & 1)) >> 16);
+}
+
 static inline float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;

@@ -16,14 +16,19 @@
  * Weights are widened to f32 in registers (bf16: shift left 16 or mask the
  * high half, exact; f16: vcvtph2ps; q8: code times its block's scale);
  * activations stay f32 throughout.
- * AVX-512 BF16's vdpbf16ps is not used: it would need bf16 activations
- * (or two bf16 halves of each) and it measured half the FMA rate here.
+ * Only with -act bf16 (DT_BF16D, dpanel512 below) do the activations
+ * become bf16, for AVX-512 BF16's vdpbf16ps: 32 products an instruction
+ * where an f32 FMA does 16, and bits the plain C reference gives exactly
+ * (bf16_dot2). Exact f32 activations cannot use it with profit: split
+ * into two bf16 halves they take two of them per 32 products, as many as
+ * the FMAs.
  */
 #include "kernels/matmul.h"
 #include "kernels/quant32.h"
 #include "kernels/half.h"
 #include "kernels/hsum.h"
 
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -48,6 +53,13 @@ static Isa isa_detect(void) {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return ISA_AVX2;
     return ISA_REF;
+}
+
+/* Whether the CPU has AVX-512 BF16 (vcvtne2ps2bf16, vdpbf16ps), which the
+ * DT_BF16D kernel needs besides ISA_AVX512. */
+static int cpu_bf16(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
 }
 
 static Isa isa(void) {
@@ -102,6 +114,11 @@ static inline float wval(const Weight *w, size_t idx) {
     case DT_BF16P: {
         const size_t o = idx / (size_t)w->cols, j = idx % (size_t)w->cols, r = o % 32;
         return bf16_to_f32(((const uint16_t *)w->data)[((o / 32) * w->cols + j) * 32 + panel_slot((int)r)]);
+    }
+    case DT_BF16D: {
+        /* panel o / 16, word j / 2, lane o % 16, half j % 2 */
+        const size_t o = idx / (size_t)w->cols, j = idx % (size_t)w->cols;
+        return bf16_to_f32(((const uint16_t *)w->data)[((o / 16) * (w->cols / 2) + j / 2) * 32 + (o % 16) * 2 + j % 2]);
     }
     default: return bf16_to_f32(((const uint16_t *)w->data)[idx]);
     }
@@ -182,6 +199,26 @@ int weight_to_panels(Weight *w) {
     return 0;
 }
 
+int weight_to_dpanels(Weight *w) {
+    const int rows = w->rows, cols = w->cols, threads = omp_get_max_threads();
+    if (w->dtype != DT_BF16 || rows <= 0 || rows % 16 || cols <= 0 || cols % 2) return -1;
+    /* as weight_to_panels: a panel's 16 rows out to a buffer, then back
+     * one column pair (a 32-bit word per row) at a time */
+    uint32_t *d = (uint32_t *)w->data, *buf = malloc((size_t)threads * 16 * cols * sizeof(uint16_t));
+    if (!buf) return -1;
+    const int pairs = cols / 2;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int p = 0; p < rows / 16; p++) {
+        uint32_t *panel = d + (size_t)p * 16 * pairs, *src = buf + (size_t)omp_get_thread_num() * 16 * pairs;
+        memcpy(src, panel, (size_t)16 * pairs * sizeof(uint32_t));
+        for (int m = 0; m < pairs; m++)
+            for (int r = 0; r < 16; r++) panel[(size_t)m * 16 + r] = src[(size_t)r * pairs + m];
+    }
+    free(buf);
+    w->dtype = DT_BF16D;
+    return 0;
+}
+
 void weight_row(const Weight *w, int r, float *out) {
     if (w->dtype == DT_BF16P) {
         /* row r is one half-word of every 64-byte word of its panel */
@@ -191,6 +228,21 @@ void weight_row(const Weight *w, int r, float *out) {
     }
     size_t base = (size_t)r * (size_t)w->cols;
     for (int j = 0; j < w->cols; j++) out[j] = wval(w, base + (size_t)j);
+}
+
+/* ftz(v): v, or a zero of its sign where it is subnormal, as vdpbf16ps
+ * treats its inputs and each result. */
+static inline float ftz(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v; }
+
+/* One lane of vdpbf16ps: acc plus the pair (x0, x1) . (w0, w1), x rounded
+ * to bf16 first; the odd product, then the even one, each one fma (the
+ * products of two bf16 are exact in f32), subnormals as zero throughout.
+ * (Intel's pseudo-code for the instruction; AMD Zen 4 was measured to give
+ * the same bits on 20 million random operands, and its conversion
+ * vcvtne2ps2bf16 those of f32_to_bf16 on every 7919th float.) */
+static inline float bf16_dot2(float acc, float x0, float x1, float w0, float w1) {
+    acc = ftz(fmaf(bf16_to_f32(f32_to_bf16(x1)), ftz(w1), acc));
+    return ftz(fmaf(bf16_to_f32(f32_to_bf16(x0)), ftz(w0), acc));
 }
 
 /* The DT_Q8I reference: per block an exact integer dot, then one fma with
@@ -230,6 +282,9 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
             /* panels: the fma chain their kernel runs, to the bit */
             if (w->dtype == DT_BF16P)
                 for (int j = 0; j < in; j++) acc = fmaf(xi[j], wval(w, base + (size_t)j), acc);
+            else if (w->dtype == DT_BF16D)
+                for (int j = 0; j < in; j += 2)
+                    acc = bf16_dot2(acc, xi[j], xi[j + 1], wval(w, base + (size_t)j), wval(w, base + (size_t)j + 1));
             else
                 for (int j = 0; j < in; j++) acc += xi[j] * wval(w, base + (size_t)j);
             y[(size_t)i * out + o] = acc;
@@ -602,6 +657,119 @@ AVX512 void panels512(float *y, const float *x, const float *xb, const Weight *w
     }
 }
 
+/* ---- DT_BF16D: vdpbf16ps on bf16 activations (-act bf16, see matmul.h) ----
+ *
+ * One 64-byte word of a panel is a column pair of its 16 rows in the order
+ * vdpbf16ps takes them: with the pair (x[i][2m], x[i][2m+1]) broadcast as
+ * one 32-bit word, one instruction adds both products to each of the 16
+ * rows' sums. That is 32 products an instruction where an f32 FMA does 16,
+ * with no widening of the weights; the activations pay for it, rounded to
+ * bf16 once per matmul (bf16_rows). Tiles as for DT_BF16P: P panels x T
+ * tokens, 4 x 6 up to 6 tokens (a whole 64-row chunk side by side), 2 x 12
+ * past that, 24 sums either way. x comes in blocks of DPANEL_K columns per
+ * PANEL_T-token tile (a tile's block is 12 x 2 KB), so the T broadcasts of
+ * a step are one pointer plus constant offsets; pf and sh prefetch as in
+ * panel512. Each sum is the instruction's chain over m in order, whatever
+ * the tile: the reference's bf16_dot2, to the bit. */
+#define DPANEL_K 1024
+#define DPANEL_W (DPANEL_K / 2) /* 32-bit words (bf16 pairs) of a token's block */
+#define BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"), always_inline)) static inline
+#define BF16_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) static
+
+BF16 void dpanel512(float *y, const uint32_t *xb, const Weight *w, int p0, const int P, int i, const int T,
+                    const char *pf, int sh) {
+    const int pairs = w->cols / 2, out = w->rows;
+    const size_t bs = (size_t)PANEL_T * DPANEL_W;
+    const uint32_t *wp = (const uint32_t *)w->data + (size_t)p0 * 16 * pairs;
+    __m512 acc[4][PANEL_T];
+    for (int p = 0; p < P; p++)
+        for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+    for (int m0 = 0; m0 < pairs; m0 += DPANEL_W) {
+        const uint32_t *xk = xb + (size_t)(m0 / DPANEL_W) * bs;
+        const int mn = pairs - m0 < DPANEL_W ? pairs - m0 : DPANEL_W;
+#pragma GCC unroll 4
+        for (int mm = 0; mm < mn; mm++) {
+            const size_t m = (size_t)m0 + mm;
+            __m512bh wv[4];
+            for (int p = 0; p < P; p++) {
+                _mm_prefetch(pf + ((((size_t)p * pairs + m) * 64) >> sh), _MM_HINT_T1);
+                wv[p] = (__m512bh)_mm512_loadu_si512(wp + ((size_t)p * pairs + m) * 16);
+            }
+            for (int t = 0; t < T; t++) {
+                const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xk[t * DPANEL_W + mm]);
+                for (int p = 0; p < P; p++) acc[p][t] = _mm512_dpbf16_ps(acc[p][t], wv[p], xv);
+            }
+        }
+    }
+    for (int p = 0; p < P; p++)
+        for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)(i + t) * out + (size_t)(p0 + p) * 16, acc[p][t]);
+}
+
+/* dpanel512 with P and T as constants (P 3 and 4: T up to 6). */
+BF16 void dpanel512_t(float *y, const uint32_t *xb, const Weight *w, int p0, int P, int i, int T, const char *pf,
+                      int sh) {
+#define DT(p, t) case (p) * 16 + (t): dpanel512(y, xb, w, p0, p, i, t, pf, sh); break;
+    switch (P * 16 + T) {
+        DT(1, 1) DT(1, 2) DT(1, 3) DT(1, 4) DT(1, 5) DT(1, 6) DT(1, 7) DT(1, 8) DT(1, 9) DT(1, 10) DT(1, 11) DT(1, 12)
+        DT(2, 1) DT(2, 2) DT(2, 3) DT(2, 4) DT(2, 5) DT(2, 6) DT(2, 7) DT(2, 8) DT(2, 9) DT(2, 10) DT(2, 11) DT(2, 12)
+        DT(3, 1) DT(3, 2) DT(3, 3) DT(3, 4) DT(3, 5) DT(3, 6)
+        DT(4, 1) DT(4, 2) DT(4, 3) DT(4, 4) DT(4, 5) DT(4, 6)
+    default: break;
+    }
+#undef DT
+}
+
+/* 32-bit words of one PANEL_T-token tile of x in bf16 blocks:
+ *   xh: | tile 0: | block 0: | token 0: DPANEL_K bf16 | .. | token 11 | | block 1 .. | | tile 1 .. |
+ * the last block of a row may be short. */
+static size_t xh_tile_words(int in) { return (size_t)((in + DPANEL_K - 1) / DPANEL_K) * PANEL_T * DPANEL_W; }
+
+/* Rows [i0, i1) of x [., in] rounded to bf16 into their blocks of xh:
+ * vcvtne2ps2bf16 32 columns at a time, f32_to_bf16 (the same bits) for a
+ * block's last few. */
+BF16_FN void bf16_rows(uint32_t *xh, const float *x, int i0, int i1, int in) {
+    for (int i = i0; i < i1; i++)
+        for (int k0 = 0; k0 < in; k0 += DPANEL_K) {
+            const float *src = x + (size_t)i * in + k0;
+            uint16_t *dst = (uint16_t *)(xh + (size_t)(i / PANEL_T) * xh_tile_words(in) +
+                                         (size_t)(k0 / DPANEL_K) * PANEL_T * DPANEL_W + (size_t)(i % PANEL_T) * DPANEL_W);
+            const int len = in - k0 < DPANEL_K ? in - k0 : DPANEL_K;
+            int j = 0;
+            for (; j + 32 <= len; j += 32)
+                _mm512_storeu_si512(dst + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + j + 16),
+                                                                         _mm512_loadu_ps(src + j)));
+            for (; j < len; j++) dst[j] = f32_to_bf16(src[j]);
+        }
+}
+
+/* One chunk, rows [o0, o1) (1 to 4 panels), for all n tokens of xh. Up to
+ * 6 tokens all its panels go side by side; past that each token tile takes
+ * them two by two, and tiles 1 to PF_SPREAD prefetch the next chunk in
+ * shares, as panels512 does. */
+BF16_FN void dpanels512(float *y, const uint32_t *xh, const Weight *w, int o0, int o1, int n) {
+    const int pairs = w->cols / 2, np = (o1 - o0) / 16;
+    const char *wd = (const char *)w->data + (size_t)o0 * w->cols * 2;
+    if (n <= 6) {
+        dpanel512_t(y, xh, w, o0 / 16, np, 0, n, wd + PREFETCH_BYTES, 0);
+        return;
+    }
+    const char *nx = o1 + (o1 - o0) <= w->rows ? wd + (size_t)(o1 - o0) * w->cols * 2 : NULL;
+    const int tiles = (n + PANEL_T - 1) / PANEL_T, spread = tiles > PF_SPREAD ? PF_SPREAD : 1;
+    const int sh = spread == PF_SPREAD ? PF_SHIFT : 0;
+    const size_t share = (size_t)np * pairs * 64 / spread;
+    for (int i = 0, tile = 0; i < n; i += PANEL_T, tile++) {
+        const int T = n - i < PANEL_T ? n - i : PANEL_T, ahead = nx && tile >= 1 && tile <= spread;
+        for (int p = 0; p < np; p += 2) {
+            const size_t at = (size_t)p * pairs * 64;
+            const char *pf = tile == 0 ? wd + at + PREFETCH_BYTES
+                             : ahead   ? nx + (size_t)(tile - 1) * share + (at >> sh)
+                                       : wd + at;
+            dpanel512_t(y, xh + (size_t)tile * xh_tile_words(w->cols), w, o0 / 16 + p, np - p < 2 ? 1 : 2, i, T, pf,
+                        ahead ? sh : 0);
+        }
+    }
+}
+
 /* Per-calling-thread buffers, grown as needed and kept (the forward pass
  * calls matmul hundreds of times a token), 64-byte aligned so that every
  * 16-float load sits in one cache line (with malloc's 16-byte alignment
@@ -612,12 +780,14 @@ AVX512 void panels512(float *y, const float *x, const float *xb, const Weight *w
  *   pack:  [threads, 64, in] widened bf16 chunks, one per team thread;
  *   q8i:   x quantized for DT_Q8I: [n, in] codes, then [n, in / 32] scales
  *          and as many biases;
- *   xb:    x in column blocks per 12-token tile for DT_BF16P (block_rows). */
+ *   xb:    x in column blocks per 12-token tile for DT_BF16P (block_rows);
+ *   xh:    x rounded to bf16, in blocks per 12-token tile for DT_BF16D
+ *          (bf16_rows). */
 typedef struct {
     float *buf;
     size_t cap;
 } Buf64;
-static _Thread_local Buf64 split_buf, pack_buf, q8i_buf, xb_buf;
+static _Thread_local Buf64 split_buf, pack_buf, q8i_buf, xb_buf, xh_buf;
 
 static float *buf_get(Buf64 *b, size_t floats) {
     if (floats > b->cap) {
@@ -707,12 +877,15 @@ static int runs_next(Run *run, int nruns, int me) {
 /* Floats of xb_buf for n tokens of cols: whole PANEL_T-token tiles of
  * whole blocks (block_rows). */
 static size_t xb_floats(int n, int cols) { return (size_t)((n + PANEL_T - 1) / PANEL_T) * xb_tile_floats(cols); }
+/* The same for xh_buf (bf16_rows), in 32-bit words. */
+static size_t xh_floats(int n, int cols) { return (size_t)((n + PANEL_T - 1) / PANEL_T) * xh_tile_words(cols); }
 
 int matmul_reserve(int n, int cols) {
     if (!buf_get(&split_buf, (size_t)n * cols)) return -1;
     if (!buf_get(&q8i_buf, q8i_floats(n, cols))) return -1;
     if (n >= PACK_MIN && !buf_get(&pack_buf, (size_t)omp_get_max_threads() * 64 * cols)) return -1;
     if (n > 1 && !buf_get(&xb_buf, xb_floats(n, cols))) return -1;
+    if (matmul_has_dpanels() && !buf_get(&xh_buf, xh_floats(n, cols))) return -1;
     return 0;
 }
 
@@ -724,15 +897,18 @@ int matmul_reserve(int n, int cols) {
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))) static int
 matmul512(float *const *y, const Weight *const *w, int count, const float *x, int n) {
     const int in = w[0]->cols;
-    int first[MATMUL_MAX_MULTI + 1], split = 0, blocks = 0;
+    int first[MATMUL_MAX_MULTI + 1], split = 0, blocks = 0, half = 0;
     chunk_starts(first, w, count);
     /* x of exactly PANEL_K columns is already in its blocks (tiles of
      * PANEL_T rows of PANEL_K): no copy */
-    for (int k = 0; k < count; k++)
+    for (int k = 0; k < count; k++) {
         split |= w[k]->dtype == DT_BF16, blocks |= w[k]->dtype == DT_BF16P && n > 1 && in != PANEL_K;
+        half |= w[k]->dtype == DT_BF16D;
+    }
     float *xs = split ? buf_get(&split_buf, (size_t)n * in) : NULL;
     float *xb = blocks ? buf_get(&xb_buf, xb_floats(n, in)) : NULL;
-    if ((split && !xs) || (blocks && !xb)) return -1;
+    uint32_t *xh = half ? (uint32_t *)buf_get(&xh_buf, xh_floats(n, in)) : NULL;
+    if ((split && !xs) || (blocks && !xb) || (half && !xh)) return -1;
     /* no pack buffer (out of memory) only means tiles widen as they go */
     const int threads = omp_get_max_threads();
     int widen = split;
@@ -742,17 +918,19 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
     const int split_alone = (size_t)n * in <= 16384;
     if (split && split_alone) split_rows(xs, x, 0, n, in);
     if (blocks && split_alone) block_rows(xb, x, 0, n, in);
+    if (half && split_alone) bf16_rows(xh, x, 0, n, in);
     Run run[RUNS_MAX];
     const int nruns = runs_init(run, threads, first[count]);
 #pragma omp parallel num_threads(threads)
     {
         const int me = omp_get_thread_num();
         float *mine = pack ? pack + (size_t)me * 64 * in : NULL;
-        if ((split || blocks) && !split_alone) {
+        if ((split || blocks || half) && !split_alone) {
 #pragma omp for schedule(static)
             for (int i = 0; i < n; i++) {
                 if (split) split_rows(xs, x, i, i + 1, in);
                 if (blocks) block_rows(xb, x, i, i + 1, in);
+                if (half) bf16_rows(xh, x, i, i + 1, in);
             }
         }
         for (int c; (c = runs_next(run, nruns, me % nruns)) >= 0;) {
@@ -764,6 +942,7 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
             case DT_F16: chunk512(y[k], x, x, wk, o0, o1, n, DT_F16, NULL); break;
             case DT_Q8: chunk512(y[k], x, x, wk, o0, o1, n, DT_Q8, mine); break;
             case DT_BF16P: panels512(y[k], x, blocks ? xb : x, wk, o0, o1, n); break;
+            case DT_BF16D: dpanels512(y[k], xh, wk, o0, o1, n); break;
             default: chunk512(y[k], xs, x, wk, o0, o1, n, DT_BF16, mine); break;
             }
         }
@@ -783,6 +962,8 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
 int matmul_has_q8i(void) { return isa() == ISA_VNNI; }
 
 int matmul_has_panels(void) { return isa() >= ISA_AVX512; }
+
+int matmul_has_dpanels(void) { return isa() >= ISA_AVX512 && cpu_bf16(); }
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma"), always_inline)) static inline
 
@@ -936,7 +1117,10 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
         }
         return;
     }
-    if (isa() >= ISA_AVX512) {
+    /* DT_BF16D without its instructions: the reference, matrix by matrix */
+    int dp = 1;
+    for (int k = 0; k < count; k++) dp &= w[k]->dtype != DT_BF16D || matmul_has_dpanels();
+    if (isa() >= ISA_AVX512 && dp) {
         int k = 0;
         for (; k < count; k += MATMUL_MAX_MULTI) {
             int c = count - k < MATMUL_MAX_MULTI ? count - k : MATMUL_MAX_MULTI;
@@ -948,7 +1132,7 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
         y += k, w += k, count -= k;
     }
     for (int k = 0; k < count; k++) {
-        if (isa() >= ISA_AVX2 && w[k]->dtype != DT_BF16P) matmul256(y[k], x, w[k], n);
+        if (isa() >= ISA_AVX2 && w[k]->dtype != DT_BF16P && w[k]->dtype != DT_BF16D) matmul256(y[k], x, w[k], n);
         else matmul_ref(y[k], x, w[k], n);
     }
 }

@@ -37,7 +37,15 @@
  * (high half):
  *   data:  | k = 0: |row 0|row 16|row 1|row 17| .. |row 15|row 31| | k = 1: .. | per panel
  * Every y[i][o] over it is one fma chain over k = 0, 1, .. in order. */
-typedef enum { DT_F32, DT_F16, DT_BF16, DT_BF16P, DT_Q8, DT_Q8I } DType;
+/* DT_BF16D: bf16 relaid at load in panels of 16 rows for AVX-512 BF16's
+ * vdpbf16ps (weight_to_dpanels, -act bf16); panel p is one 64-byte word per
+ * column pair m, whose 16 lanes are rows 16p + l, each the pair of that row:
+ *   data:  | m = 0: |row 0: col 0|col 1|row 1: col 0|col 1| .. |row 15| | m = 1: .. | per panel
+ * matmul rounds x to bf16 (f32_to_bf16) and every y[i][o] is the chain the
+ * instruction runs over m = 0, 1, .. in order: the odd column's product,
+ * then the even one's, each an fma whose subnormal inputs and result are
+ * zero (bf16_dot2). */
+typedef enum { DT_F32, DT_F16, DT_BF16, DT_BF16P, DT_BF16D, DT_Q8, DT_Q8I } DType;
 
 static inline size_t dtype_size(DType t) { return t == DT_F32 ? 4 : t >= DT_Q8 ? 1 : 2; }
 
@@ -68,6 +76,15 @@ int weight_to_panels(Weight *w);
 /* Whether matmul has its fast kernel for DT_BF16P here (AVX-512); without
  * it DT_BF16P runs the plain C reference. */
 int matmul_has_panels(void);
+/* Relays a row-major DT_BF16 w as DT_BF16D in place (its bytes must be
+ * writable). 0 ok; -1 when w is not DT_BF16, rows is not a positive
+ * multiple of 16, cols not a positive even number, or memory for one
+ * panel's rows runs out, w untouched. */
+int weight_to_dpanels(Weight *w);
+/* Whether matmul has its fast kernel for DT_BF16D here (AVX-512 and the
+ * CPU's AVX-512 BF16); without it DT_BF16D runs the plain C reference, the
+ * same bits, far slower. */
+int matmul_has_dpanels(void);
 /* Frees what weight_quantize_q8 / _q8i allocated; mapped weights are left alone. */
 void weight_free(Weight *w);
 

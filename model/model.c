@@ -217,39 +217,82 @@ static int load_mtp(Model *m, char *err, size_t errlen) {
     return 0;
 }
 
-/* Relays w as DT_BF16P when it is bf16 in a copy of the loader's own (not
- * a file mapping) and its rows are whole panels; otherwise it stays as
- * stored, which every kernel also reads. */
-static void panels(Model *m, Weight *w) {
-    if (w->dtype == DT_BF16 && st_in_copy(&m->ts, w->data, (size_t)w->rows * w->cols * 2)) weight_to_panels(w);
+/* Relays w with to (weight_to_panels or weight_to_dpanels) when it is bf16
+ * in a copy of the loader's own (not a file mapping). 0 done; else why it
+ * stays as stored: 1 not bf16, 2 mapped, 3 refused by to (its shape, or
+ * memory). Every kernel also reads it as stored, except that DT_BF16D's
+ * bf16 activations have no other layout. */
+static int relay(Model *m, Weight *w, int (*to)(Weight *)) {
+    if (w->dtype != DT_BF16) return 1;
+    if (!st_in_copy(&m->ts, w->data, (size_t)w->rows * w->cols * 2)) return 2;
+    return to(w) ? 3 : 0;
 }
 
 /* Every bf16 matrix into panels, the layout the AVX-512 kernel reads best
- * (kernels/matmul.h): 0.6B prefill 257 -> 301 tok/s, decode 23.4 -> 27.8. A tied lm_head
- * follows the embedding, whose lookups then read panels too. */
-static void to_panels(Model *m) {
+ * (kernels/matmul.h): 0.6B prefill 257 -> 301 tok/s, decode 23.4 -> 27.8;
+ * with act_bf16 into DT_BF16D instead, and then every matrix a matmul
+ * reads must take it (-1 with err naming the first that cannot). A tied
+ * lm_head follows the embedding, whose lookups then read panels too. */
+static int to_panels(Model *m, int act_bf16, char *err, size_t errlen) {
+    int (*to)(Weight *) = act_bf16 ? weight_to_dpanels : weight_to_panels;
     /* copies it cannot write stay as they are, and read-only */
     if (st_copies_writable(&m->ts, 1)) {
         st_copies_writable(&m->ts, 0);
-        return;
+        snprintf(err, errlen, "bf16 activations: the weights' memory could not be made writable to relay them");
+        return act_bf16 ? -1 : 0;
     }
-    panels(m, &m->embed);
+    static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    const Weight *bad = NULL;
+    char what[64] = "";
+    int why = relay(m, &m->embed, to);
+    /* an untied embedding is only looked up, in any layout */
+    if (why && m->cfg.tie_embeddings) bad = &m->embed, snprintf(what, sizeof what, "model.embed_tokens");
     if (m->lm_head.data == m->embed.data) m->lm_head = m->embed;
-    else panels(m, &m->lm_head);
+    else if ((why = relay(m, &m->lm_head, to)) && !bad) bad = &m->lm_head, snprintf(what, sizeof what, "lm_head");
     for (int l = 0; l < m->cfg.n_layers + m->has_mtp; l++) {
         Layer *L = l < m->cfg.n_layers ? &m->layers[l] : &m->mtp_layer;
         Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
-        for (int i = 0; i < 7; i++) panels(m, w[i]);
+        for (int i = 0; i < 7; i++) {
+            const int r = relay(m, w[i], to);
+            if (!r || bad) continue;
+            bad = w[i], why = r;
+            if (l < m->cfg.n_layers) snprintf(what, sizeof what, "model.layers.%d.%s", l, names[i]);
+            else snprintf(what, sizeof what, "mtp.layers.0.%s", names[i]);
+        }
     }
-    if (m->has_mtp) panels(m, &m->mtp_fc);
+    if (m->has_mtp) {
+        const int r = relay(m, &m->mtp_fc, to);
+        if (r && !bad) bad = &m->mtp_fc, why = r, snprintf(what, sizeof what, "mtp.fc");
+    }
     st_copies_writable(&m->ts, 0);
+    if (!act_bf16 || !bad) return 0;
+    if (why == 1)
+        snprintf(err, errlen, "bf16 activations: %s is %s, expected BF16", what, bad->dtype == DT_F32 ? "F32" : "F16");
+    else if (why == 2)
+        snprintf(err, errlen, "bf16 activations: %s stayed in the file's mapping (a checkpoint is copied into memory "
+                 "only when it fits in half of it); it must be in memory to be relaid", what);
+    else
+        snprintf(err, errlen, "bf16 activations: %s [%d, %d] could not be relaid: expected rows a multiple of 16 "
+                 "and an even number of columns (or memory ran out)", what, bad->rows, bad->cols);
+    return -1;
 }
 
 int model_load(Model *m, const char *dir, int flags, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     if (config_load(&m->cfg, dir, err, errlen) || st_open_dir(&m->ts, dir, err, errlen)) return -1;
-    if (!(flags & MODEL_MAPPED)) st_to_memory(&m->ts);
     const Config *c = &m->cfg;
+    if (flags & MODEL_ACT_BF16) {
+        if (flags & MODEL_MAPPED) {
+            snprintf(err, errlen, "bf16 activations: the weights must be read into memory to be relaid (not mapped)");
+            goto fail;
+        }
+        if (!matmul_has_dpanels()) {
+            snprintf(err, errlen, "bf16 activations: need AVX-512 BF16 (vdpbf16ps), which this CPU at kernel level %s lacks",
+                     kernels_isa());
+            goto fail;
+        }
+    }
+    if (!(flags & MODEL_MAPPED)) st_to_memory(&m->ts);
     int H = c->hidden, V = c->vocab_size;
     m->layers = calloc((size_t)c->n_layers, sizeof(Layer));
     m->inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(double));
@@ -266,7 +309,7 @@ int model_load(Model *m, const char *dir, int flags, char *err, size_t errlen) {
         if (load_layer(m, &m->layers[l], prefix, err, errlen)) goto fail;
     }
     if (c->mtp_layers > 0 && load_mtp(m, err, errlen)) goto fail;
-    if (matmul_has_panels()) to_panels(m);
+    if ((matmul_has_panels() || (flags & MODEL_ACT_BF16)) && to_panels(m, flags & MODEL_ACT_BF16, err, errlen)) goto fail;
     m->mtp_head = m->lm_head;
     rope_init(m);
     if (scratch_init(m, err, errlen)) goto fail;

@@ -70,8 +70,11 @@ typedef struct {
  * in huge pages (st_to_memory: faster decode, a copy of the files) unless
  * flags has MODEL_MAPPED, which reads them where the files are mapped (no
  * copy: for weights about to be converted, or a second load of the same
- * files). 0 ok, -1 with one line in err. */
-enum { MODEL_MAPPED = 1 };
+ * files). MODEL_ACT_BF16 relays every matmul matrix as DT_BF16D, so that
+ * matmuls round their inputs to bf16 for vdpbf16ps (-act bf16; a bf16
+ * checkpoint in memory and AVX-512 BF16 needed, else an error).
+ * 0 ok, -1 with one line in err. */
+enum { MODEL_MAPPED = 1, MODEL_ACT_BF16 = 2 };
 int model_load(Model *m, const char *dir, int flags, char *err, size_t errlen);
 /* Converts matmul weights to q8 blocks (DT_Q8, kernels/matmul.h) after
  * model_load: MODEL_MAIN the decoder layers' projections and lm_head (a tied

@@ -201,6 +201,66 @@ Test(cli, compare_rows_name_their_weights) {
     free(err);
 }
 
+/* -act bf16: the logits stay within bf16 rounding of the inputs of the
+ * golden ones; compare shows its cost beside the f32 reference; what it
+ * cannot run on is refused, with one line naming why. */
+Test(cli, bf16_inputs_stay_close_and_refuse_what_they_cannot_run) {
+    char *out, *err;
+    char cmd[1024];
+    int rc = run("tests/data/fixtures/small -m logits -kv f32 -act bf16 -f tests/data/golden/small/sentence/prompt.txt "
+                 "-o /tmp/run_cli_act.f32",
+                 &out, &err);
+    if (rc == 1 && strstr(err, "need AVX-512 BF16")) {
+        /* a CPU without the instruction: refused, as run -h says */
+        free(out), free(err);
+        cr_skip_test("no AVX-512 BF16 here");
+    }
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_expect(strstr(err, "matmul inputs: bf16") != NULL, "%s", err);
+    free(out), free(err);
+    FILE *a = fopen("/tmp/run_cli_act.f32", "rb"), *b = fopen("tests/data/golden/small/sentence/logits.f32", "rb");
+    cr_assert(a && b);
+    static float x[4160], y[4160];
+    float worst = 0;
+    int rows = 0;
+    while (fread(y, sizeof y, 1, b) == 1) {
+        cr_assert_eq(fread(x, sizeof x, 1, a), 1, "logits file too short at row %d", rows);
+        for (int i = 0; i < 4160; i++) worst = fmaxf(worst, fabsf(x[i] - y[i]));
+        rows++;
+    }
+    /* measured: max-abs 0.026 (model/golden_with_bf16_activations) */
+    cr_expect(worst > 1e-3f && worst < 0.06f, "max-abs %g", worst);
+    fclose(a), fclose(b);
+    remove("/tmp/run_cli_act.f32");
+    cr_assert_eq(run("tests/data/fixtures/small -m compare -f tests/data/golden/small/sentence/prompt.txt -n 4 -kv f16 "
+                     "-act bf16",
+                     &out, &err),
+                 0, "%s", err);
+    cr_expect(strstr(out, "| f32 | stored |") && strstr(out, "| f32 | act bf16 |") && strstr(out, "| f16 | act bf16 |"),
+              "%s", out);
+    double kl = cell(out, "| f32 | act bf16 |", 8);
+    cr_expect(kl > 0 && kl < 0.01, "KL of bf16 inputs %g", kl);
+    free(out), free(err);
+    cr_expect_eq(run("tests/data/fixtures/small -act f16", &out, &err), 2);
+    cr_expect(strstr(err, "-act: expected f32 or bf16, found 'f16'") != NULL, "%s", err);
+    free(out), free(err);
+    cr_expect_eq(run("tests/data/fixtures/small -act bf16 -wq q8", &out, &err), 2);
+    cr_expect(strstr(err, "not with -wq q8") != NULL, "%s", err);
+    free(out), free(err);
+    /* the same binary on a lower kernel level, and from the file mapping */
+    snprintf(cmd, sizeof cmd, "RUN_ISA=avx2 %s tests/data/fixtures/small -act bf16 -n 2 >/dev/null 2>/tmp/run_cli_act.err", bin());
+    cr_expect_eq(WEXITSTATUS(system(cmd)), 1);
+    char *e = read_text("/tmp/run_cli_act.err");
+    cr_expect(strstr(e, "need AVX-512 BF16 (vdpbf16ps), which this CPU at kernel level avx2 lacks") != NULL, "%s", e);
+    free(e);
+    snprintf(cmd, sizeof cmd, "RUN_MMAP=1 %s tests/data/fixtures/small -act bf16 -n 2 >/dev/null 2>/tmp/run_cli_act.err", bin());
+    cr_expect_eq(WEXITSTATUS(system(cmd)), 1);
+    e = read_text("/tmp/run_cli_act.err");
+    cr_expect(strstr(e, "must be read into memory") != NULL, "%s", e);
+    free(e);
+    remove("/tmp/run_cli_act.err");
+}
+
 Test(cli, ppl_last_line) {
     char *out, *err;
     cr_assert_eq(run("tests/data/fixtures/tiny -m ppl -kv f32 -c 100 -f tests/data/golden/tiny/paragraph/prompt.txt",

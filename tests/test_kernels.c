@@ -351,6 +351,101 @@ Test(kernels, panels_match_reference_to_the_bit) {
     free(mem);
 }
 
+/* DT_BF16D (-act bf16: bf16 in 16-row panels of column pairs, x rounded to
+ * bf16 for vdpbf16ps): weight_to_dpanels keeps every weight and refuses
+ * what it cannot lay out; on every ISA matmul gives the reference's bits
+ * (bf16_dot2's chain: the CPU's instruction, to the bit), for batches that
+ * take the 4 x 6 and 2 x 12 tiles and their remainders, chunks of 1 to 4
+ * panels, x in several blocks with a short last one, and any team size;
+ * the results stay within bf16 rounding of x of the f32 matmul, and x's
+ * subnormals, infinities and exact ties round as the instruction does. */
+Test(kernels, dpanels_match_reference_to_the_bit) {
+    const int shapes[][2] = {{16, 2}, {48, 100}, {208, 1030}, {64, 2112}, {128, 1024}},
+              ns[] = {1, 3, 6, 7, 12, 13, 40, 100};
+    const int NS = sizeof ns / sizeof ns[0], NMAX = 100;
+    for (int si = 0; si < 5; si++) {
+        const int out = shapes[si][0], in = shapes[si][1];
+        void *mem, *memp;
+        Weight b = make_weight(DT_BF16, out, in, &mem), p = b;
+        memp = malloc((size_t)out * in * 2);
+        memcpy(memp, mem, (size_t)out * in * 2);
+        p.data = memp;
+        cr_assert_eq(weight_to_dpanels(&p), 0);
+        cr_assert_eq(p.dtype, DT_BF16D);
+        float *rb = malloc(sizeof(float) * in), *rp = malloc(sizeof(float) * in);
+        for (int o = 0; o < out; o++) {
+            weight_row(&b, o, rb), weight_row(&p, o, rp);
+            cr_expect(memcmp(rb, rp, sizeof(float) * in) == 0, "%dx%d: row %d of the panels differs", out, in, o);
+        }
+        free(rb), free(rp);
+        float *x = malloc(sizeof(float) * NMAX * in), *ref = malloc(sizeof(float) * NMAX * out),
+              *got = malloc(sizeof(float) * NMAX * out);
+        for (int i = 0; i < NMAX * in; i++) x[i] = frand();
+        for (size_t k = 0; k < NISA; k++) {
+            if (kernels_set_isa(isas[k])) continue;
+            for (int ni = 0; ni < NS; ni++) {
+                const int n = ns[ni];
+                kernels_set_isa("ref");
+                matmul_ref(ref, x, &p, n);
+                kernels_set_isa(isas[k]);
+                for (int t = 1; t <= 3; t += 2) {
+                    omp_set_num_threads(t);
+                    cr_assert_eq(matmul_reserve(n, in), 0);
+                    for (int i = 0; i < n * out; i++) got[i] = NAN;
+                    matmul(got, x, &p, n);
+                    cr_expect(memcmp(got, ref, sizeof(float) * n * out) == 0,
+                              "%s (vdpbf16ps %s) %dx%d, %d tokens, %d threads: not the reference's bits", isas[k],
+                              matmul_has_dpanels() ? "on" : "off", out, in, n, t);
+                }
+            }
+        }
+        /* within bf16 rounding of x (2^-9 relative) of the f32 matmul */
+        kernels_set_isa("ref");
+        matmul_ref(got, x, &b, 40);
+        for (int i = 0; i < 40 * out; i++)
+            cr_expect(fabsf(got[i] - ref[i]) <= 4e-3f * sqrtf((float)in), "%dx%d at %d: %g vs %g", out, in, i, ref[i], got[i]);
+        free(x), free(ref), free(got), free(mem), free(memp);
+    }
+    /* x rounded as the instruction rounds: ties to even, subnormals to
+     * zero, infinities kept; weights' subnormals count as zero */
+    {
+        void *mem;
+        Weight w = make_weight(DT_BF16, 16, 64, &mem);
+        ((uint16_t *)mem)[5] = 0x0003; /* a subnormal weight, row 0 */
+        cr_assert_eq(weight_to_dpanels(&w), 0);
+        float x[2 * 64], ref[2 * 16], got[2 * 16];
+        for (int i = 0; i < 128; i++) x[i] = frand();
+        const uint32_t specials[] = {0x3F808000u, 0x3F818000u, 0x00000001u, 0x807FFFFFu, 0x7F800000u, 0x1E000000u};
+        for (int i = 0; i < 6; i++) memcpy(&x[3 + 11 * i], &specials[i], 4);
+        kernels_set_isa("ref");
+        matmul_ref(ref, x, &w, 2);
+        for (size_t k = 0; k < NISA; k++) {
+            if (kernels_set_isa(isas[k])) continue;
+            cr_assert_eq(matmul_reserve(2, 64), 0);
+            matmul(got, x, &w, 2);
+            cr_expect(memcmp(got, ref, sizeof got) == 0, "%s: special values not rounded as the reference", isas[k]);
+        }
+        free(mem);
+    }
+    cr_expect_eq(f32_to_bf16(1.00390625f), 0x3F80, "a tie rounds to even (down)");
+    cr_expect_eq(f32_to_bf16(1.01171875f), 0x3F82, "a tie rounds to even (up)");
+    cr_expect_eq(f32_to_bf16(1e-40f), 0x0000, "a subnormal becomes zero");
+    cr_expect_eq(f32_to_bf16(-1e-40f), 0x8000, "a negative subnormal becomes -0");
+    /* what it cannot lay out stays as it is */
+    void *mem;
+    Weight w = make_weight(DT_BF16, 24, 64, &mem), f;
+    cr_expect_eq(weight_to_dpanels(&w), -1);
+    cr_expect_eq(w.dtype, DT_BF16);
+    free(mem);
+    w = make_weight(DT_BF16, 16, 63, &mem);
+    cr_expect_eq(weight_to_dpanels(&w), -1);
+    free(mem);
+    f = make_weight(DT_F32, 64, 64, &mem);
+    cr_expect_eq(weight_to_dpanels(&f), -1);
+    cr_expect_eq(f.dtype, DT_F32);
+    free(mem);
+}
+
 /* DT_Q8I (the drafter's integer dots): the VNNI kernel gives exactly the
  * reference's numbers, alone, in a batch of 1 to 9 tokens and inside
  * matmul_multi; they hold the same weights as q8 (weight_row) and stay

@@ -16,6 +16,10 @@
  *      (q.k and p.v, 2 FLOPs per multiply-add; lm_head runs for the last
  *      token only and is not counted), and that as a share of the FMA peak
  *      (the higher of 1b's and a second measurement after the runs);
+ *   2b. where the CPU has AVX-512 BF16: the same with bf16 matmul inputs
+ *      (-act bf16: model_load with MODEL_ACT_BF16, vdpbf16ps), as a share
+ *      of vdpbf16ps's peak (the higher of 1b's and one after the runs),
+ *      and its speed against f32 inputs;
  *   3. decode at short context: a 16-token prompt, then 128 single-token
  *      forwards (f16 KV), each feeding back the argmax, best of 3 runs,
  *      with one pass of section 1's read loop every 16 tokens (off the
@@ -426,20 +430,20 @@ int main(int argc, char **argv) {
     }
 
     /* 1b. arithmetic peak of the instruction the matmul kernels use */
-    double fpeak[MAX_LIST] = {0};
-    const int has_bf16 = kernels_level() >= 2 && __builtin_cpu_supports("avx512bf16");
+    double fpeak[MAX_LIST] = {0}, dpeak[MAX_LIST] = {0};
+    const int has_bf16 = matmul_has_dpanels();
     if (kernels_level() >= 1) {
         printf("\n## Arithmetic peak (12 independent chains per thread, best of 3)\n\n"
                "%s is what the matmul kernels issue (bf16 weights widened to f32 in registers)%s\n\n"
                "| threads | %s GFLOP/s |%s\n|---:|---:|%s\n",
                kernels_level() >= 2 ? "AVX-512 vfmadd231ps" : "AVX2 vfmadd231ps",
-               has_bf16 ? "; vdpbf16ps, which would need bf16 activations, for comparison" : "",
+               has_bf16 ? "; vdpbf16ps is what they issue for bf16 inputs (-act bf16, section 2b)" : "",
                kernels_level() >= 2 ? "FMA-512" : "FMA-256", has_bf16 ? " vdpbf16ps GFLOP/s |" : "",
                has_bf16 ? "---:|" : "");
         for (int i = 0; i < nt; i++) {
             fpeak[i] = peak(0, threads[i]);
             printf("| %d | %.1f |", threads[i], fpeak[i]);
-            if (has_bf16) printf(" %.1f |", peak(1, threads[i]));
+            if (has_bf16) printf(" %.1f |", dpeak[i] = peak(1, threads[i]));
             printf("\n");
             fflush(stdout);
         }
@@ -465,6 +469,7 @@ int main(int argc, char **argv) {
            "GFLOP per run = 2 x %.3f G params x %d + attention 2 x L x nH x hd x n(n+1) = %.1f + %.1f = %.1f\n\n"
            "| threads | s | tok/s | GFLOP/s | FMA peak GFLOP/s | of FMA peak |\n|---:|---:|---:|---:|---:|---:|\n",
            PREFILL, PREFILL_REPS, params / 1e9, PREFILL, 2 * params * PREFILL / 1e9, attn_flops / 1e9, flops / 1e9);
+    double prefill_s[MAX_LIST];
     for (int i = 0; i < nt; i++) {
         omp_set_num_threads(threads[i]);
         double best = 1e30;
@@ -475,6 +480,7 @@ int main(int argc, char **argv) {
             double dt = now() - t0;
             best = dt < best ? dt : best;
         }
+        prefill_s[i] = best;
         /* the peak again: the higher of this and section 1b's is the peak,
          * so that a busy moment on the host during either does not pass
          * for the machine's limit (one run's 2-thread peak read 214
@@ -487,6 +493,36 @@ int main(int argc, char **argv) {
         if (fpeak[i] > 0) printf("%.1f | %.0f%% |\n", fpeak[i], 100 * flops / best / 1e9 / fpeak[i]);
         else printf("- | - |\n");
         fflush(stdout);
+    }
+
+    /* 2b. prefill with bf16 inputs, on a second load of the checkpoint
+     * relaid for them (one thread count at a time: 1.2 GB each) */
+    if (has_bf16) {
+        printf("\n## Prefill with bf16 matmul inputs (-act bf16: vdpbf16ps), as above\n\n"
+               "| threads | s | tok/s | GFLOP/s | vs f32 inputs | vdpbf16ps peak GFLOP/s | of vdpbf16ps peak |\n"
+               "|---:|---:|---:|---:|---:|---:|---:|\n");
+        for (int i = 0; i < nt; i++) {
+            Model mb;
+            omp_set_num_threads(threads[i]);
+            if (model_load(&mb, dir, MODEL_ACT_BF16, err, sizeof err)) fail(dir, err);
+            /* warm-up, as for the first load */
+            kv_cache_truncate(&kv, 0);
+            forward(&mb, &kv, tok, 1, logits);
+            double best = 1e30;
+            for (int rep = 0; rep < PREFILL_REPS; rep++) {
+                kv_cache_truncate(&kv, 0);
+                double t0 = now();
+                forward(&mb, &kv, tok, PREFILL, logits);
+                double dt = now() - t0;
+                best = dt < best ? dt : best;
+            }
+            model_free(&mb);
+            const double again = peak(1, threads[i]);
+            dpeak[i] = again > dpeak[i] ? again : dpeak[i];
+            printf("| %d | %.2f | %.1f | %.1f | %.2fx | %.1f | %.0f%% |\n", threads[i], best, PREFILL / best,
+                   flops / best / 1e9, prefill_s[i] / best, dpeak[i], 100 * flops / best / 1e9 / dpeak[i]);
+            fflush(stdout);
+        }
     }
 
     /* 3. decode at short context */
