@@ -358,6 +358,16 @@ AVX512 void ld32(const void *p, const float *sc, size_t idx, DType dt, __m512 *l
  * tile reaches them a few hundred cycles later, and T0 measured no better. */
 #define PREFETCH_BYTES 2048
 
+/* The same for panels at up to 6 tokens (decode, verification), whose
+ * 64-byte words stream in one run per panel: 1 KiB ahead against 2 KiB,
+ * 0.6B's matrices at one token on AMD EPYC (Zen 4), all in one harness
+ * process and alternating over 10-30 rounds, 17.6 -> 20.0 GB/s at 1 thread
+ * and 34.0 -> 39.0 at 2 (the read loop of make bench: 19.8 and 37.5 in the
+ * same rounds); at 4 tokens 14.5 -> 17.1 and 29.0 -> 32.8. No prefetch at
+ * all measured between the two on that CPU, and far worse on the Intel
+ * Xeon, where the row-major tiles' 1-3 KiB was flat. */
+#define PANEL_PREFETCH 1024
+
 /* R rows from o, T tokens from i: y[i+t][o+r] for r < R, t < T, over the
  * columns [j0, j1) of the vector part. Row o's weights are read as dt from
  * wd + (o - ob) * cols (w->data and 0, or a packed chunk); the tail reads w
@@ -534,8 +544,8 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
  * four matmul shapes at 120 tokens, prefetching the next chunk during the
  * second token tile took 1 x 12 tiles from 59-69% to 65-75% of the FMA
  * peak (four rounds).
- * A tile is P panels x T tokens, P * 2 * T sums: 2 x 6 (24 sums, 4 weight
- * vectors) for up to 6 tokens, 1 x 12 past that (measured best of 1 x 8,
+ * A tile is P panels x T tokens, P * 2 * T sums: 1 x 1 for one token,
+ * 2 x 6 (24 sums, 4 weight vectors) for up to 6, 1 x 12 past that (measured best of 1 x 8,
  * 1 x 12, 2 x 5, 2 x 6). Every sum is the same fma chain over k in order,
  * whatever the tile. */
 #define PANEL_T 12
@@ -547,10 +557,10 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
  * constant offsets. (With each token's row at a stride known only at run
  * time, the compiler ran out of registers and reloaded the rows' offsets
  * every step.) Each step also prefetches a line from pf, advancing
- * 64 >> sh bytes a step (a 64-byte word of the panel): PREFETCH_BYTES ahead
- * while the panels stream from memory, a share of the next chunk's panels
- * while this one is in cache (sh PF_SHIFT: a new line every 8 steps), or the
- * line being read (no branch in the loop). */
+ * 64 >> sh bytes a step (a 64-byte word of the panel): PANEL_PREFETCH or
+ * PREFETCH_BYTES ahead while the panels stream from memory, a share of the
+ * next chunk's panels while this one is in cache (sh PF_SHIFT: a new line
+ * every 8 steps), or the line being read (no branch in the loop). */
 #define PANEL_K 1024
 AVX512 void panel512(float *y, const float *xb, size_t bs, const Weight *w, int p0, const int P, int i, const int T,
                      const char *pf, int sh) {
@@ -636,8 +646,17 @@ AVX512 void panels512(float *y, const float *x, const float *xb, const Weight *w
     const int in = w->cols, np = (o1 - o0) / 32;
     const size_t bs = PANEL_T * PANEL_K;
     const char *wd = (const char *)w->data + (size_t)o0 * in * 2;
+    if (n == 1) {
+        /* one token: a panel at a time, a single stream from memory
+         * (against both side by side, 20.0 -> 20.6 GB/s at 1 thread and
+         * 39.0 -> 39.9 at 2 in the PANEL_PREFETCH harness; at 4 tokens
+         * the pair measured faster, 17.1 against 13.7 GB/s) */
+        for (int p = 0; p < np; p++)
+            panel512_t(y, x, PANEL_K, w, o0 / 32 + p, 1, 0, 1, wd + (size_t)p * in * 64 + PANEL_PREFETCH, 0);
+        return;
+    }
     if (n <= 6) {
-        panel512_t(y, n == 1 ? x : xb, n == 1 ? PANEL_K : bs, w, o0 / 32, np, 0, n, wd + PREFETCH_BYTES, 0);
+        panel512_t(y, xb, bs, w, o0 / 32, np, 0, n, wd + PANEL_PREFETCH, 0);
         return;
     }
     const char *nx = o1 + (o1 - o0) <= w->rows ? wd + (size_t)(o1 - o0) * in * 2 : NULL;
@@ -750,7 +769,7 @@ BF16_FN void dpanels512(float *y, const uint32_t *xh, const Weight *w, int o0, i
     const int pairs = w->cols / 2, np = (o1 - o0) / 16;
     const char *wd = (const char *)w->data + (size_t)o0 * w->cols * 2;
     if (n <= 6) {
-        dpanel512_t(y, xh, w, o0 / 16, np, 0, n, wd + PREFETCH_BYTES, 0);
+        dpanel512_t(y, xh, w, o0 / 16, np, 0, n, wd + PANEL_PREFETCH, 0);
         return;
     }
     const char *nx = o1 + (o1 - o0) <= w->rows ? wd + (size_t)(o1 - o0) * w->cols * 2 : NULL;

@@ -30,7 +30,7 @@
  *      this model's k and v: the work does not depend on the values) to 8K
  *      and 32K positions, for every scheme at once (about 7.8 GB at 32K for
  *      f16, q8, q4 and tbq4), then passes of 1 untimed + 32 timed decode
- *      steps (16 above 8K positions) taken scheme after scheme, best of 3
+ *      steps (16 above 8K positions) taken scheme after scheme, best of 5
  *      passes each; the cache is truncated back after each pass. "fill s"
  *      is the time the appends took (most threads): what storing that many
  *      positions costs in each scheme;
@@ -73,7 +73,11 @@
  * tenants can cover each of two runs (one run gave 49% of the FMA peak, a
  * later one of the same code 59%): best of 5. */
 #define PREFILL_REPS 5
-#define LONG_REPS 3 /* passes per scheme at long context, best kept */
+/* Passes per scheme at long context, best kept. With 3, one run on AMD
+ * EPYC read tbq4 at 32K and 2 threads 1.85x f16 while its attention alone
+ * (bench_attn, minutes later) read 4.25x, and the next run 2.40x: a burst
+ * of the host's other tenants can cover all of a scheme's passes. */
+#define LONG_REPS 5
 #define POOL 4096 /* random k/v vectors cycled through when filling caches */
 
 static double now(void) {
