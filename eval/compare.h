@@ -15,7 +15,7 @@
 
 typedef struct {
     char name[64];
-    const char *weights;      /* the matmul weights this row ran on: "stored" or "q8" */
+    const char *weights;      /* what this row's matmuls ran on: "stored", "q8" or "act bf16" */
     double k_bits, v_bits;    /* bits per stored value at this context */
     double bytes_per_token;   /* KV bytes per token, all layers */
     double ratio_f16;         /* f16 bytes / these bytes */
@@ -29,8 +29,9 @@ typedef struct {
 /* Runs specs[0..n) (spec 0 must be f32, the reference) over ids[0..n_ids)
  * with a context of ctx, then n_gen greedy tokens each. rows[n] out.
  * The reference runs on ref with its stored weights, the other specs on m:
- * ref itself, or the same checkpoint converted to the weights m_weights
- * names (-wq q8), so a row's KL then counts both the weights and the KV.
+ * ref itself, or the same checkpoint converted to what m_weights names
+ * (-wq q8, or -act bf16's relaid weights and bf16 inputs), so a row's KL
+ * then counts both that and the KV.
  * 0 ok; -1 with err. */
 int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs, int n, const int *ids, int n_ids,
                 int ctx, int n_gen, CompareRow *rows, char *err, size_t errlen);

@@ -4,8 +4,10 @@
  * bf16 weights in memory of the loader's own are relaid at load into 32-row
  * panels (DT_BF16P, weight_to_panels) when the AVX-512 path runs: there
  * lanes are rows, one fma chain per output over the columns in order (see
- * panel512 below). Everything else (f16, f32, q8, bf16 read from the file
- * mapping or on AVX2) is row-major and takes the tiles described next.
+ * panel512 below); with -act bf16 into 16-row panels of column pairs for
+ * vdpbf16ps instead (DT_BF16D, weight_to_dpanels, dpanel512). Everything
+ * else (f16, f32, q8, bf16 read from the file mapping or on AVX2) is
+ * row-major and takes the tiles described next.
  *
  * Row-major fast paths tile R output rows x T tokens: each weight vector loaded once
  * feeds T tokens, each x vector feeds R rows. Per dot product the order is
@@ -56,10 +58,17 @@ static Isa isa_detect(void) {
 }
 
 /* Whether the CPU has AVX-512 BF16 (vcvtne2ps2bf16, vdpbf16ps), which the
- * DT_BF16D kernel needs besides ISA_AVX512. */
-static int cpu_bf16(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") != 0;
+ * DT_BF16D kernel needs besides ISA_AVX512; -1 until first asked, then
+ * kept as g_isa is. */
+static int g_bf16 = -1;
+static int cpu_has_bf16(void) {
+    int v = __atomic_load_n(&g_bf16, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512bf16") != 0;
+        __atomic_store_n(&g_bf16, v, __ATOMIC_RELAXED);
+    }
+    return v;
 }
 
 static Isa isa(void) {
@@ -201,7 +210,8 @@ int weight_to_panels(Weight *w) {
 
 int weight_to_dpanels(Weight *w) {
     const int rows = w->rows, cols = w->cols, threads = omp_get_max_threads();
-    if (w->dtype != DT_BF16 || rows <= 0 || rows % 16 || cols <= 0 || cols % 2) return -1;
+    /* the pairs are moved as 32-bit words */
+    if (w->dtype != DT_BF16 || rows <= 0 || rows % 16 || cols <= 0 || cols % 2 || (uintptr_t)w->data % 4) return -1;
     /* as weight_to_panels: a panel's 16 rows out to a buffer, then back
      * one column pair (a 32-bit word per row) at a time */
     uint32_t *d = (uint32_t *)w->data, *buf = malloc((size_t)threads * 16 * cols * sizeof(uint16_t));
@@ -743,28 +753,30 @@ BF16 void dpanel512_t(float *y, const uint32_t *xb, const Weight *w, int p0, int
  * the last block of a row may be short. */
 static size_t xh_tile_words(int in) { return (size_t)((in + DPANEL_K - 1) / DPANEL_K) * PANEL_T * DPANEL_W; }
 
-/* Rows [i0, i1) of x [., in] rounded to bf16 into their blocks of xh:
+/* Rows [i0, i1) of x [., in] (in even) rounded to bf16 into their blocks
+ * of xh, a pair of columns per 32-bit word (the even one low):
  * vcvtne2ps2bf16 32 columns at a time, f32_to_bf16 (the same bits) for a
  * block's last few. */
 BF16_FN void bf16_rows(uint32_t *xh, const float *x, int i0, int i1, int in) {
     for (int i = i0; i < i1; i++)
         for (int k0 = 0; k0 < in; k0 += DPANEL_K) {
             const float *src = x + (size_t)i * in + k0;
-            uint16_t *dst = (uint16_t *)(xh + (size_t)(i / PANEL_T) * xh_tile_words(in) +
-                                         (size_t)(k0 / DPANEL_K) * PANEL_T * DPANEL_W + (size_t)(i % PANEL_T) * DPANEL_W);
+            uint32_t *dst = xh + (size_t)(i / PANEL_T) * xh_tile_words(in) + (size_t)(k0 / DPANEL_K) * PANEL_T * DPANEL_W +
+                            (size_t)(i % PANEL_T) * DPANEL_W;
             const int len = in - k0 < DPANEL_K ? in - k0 : DPANEL_K;
             int j = 0;
             for (; j + 32 <= len; j += 32)
-                _mm512_storeu_si512(dst + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + j + 16),
-                                                                         _mm512_loadu_ps(src + j)));
-            for (; j < len; j++) dst[j] = f32_to_bf16(src[j]);
+                _mm512_storeu_si512(dst + j / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + j + 16),
+                                                                             _mm512_loadu_ps(src + j)));
+            for (; j < len; j += 2) dst[j / 2] = f32_to_bf16(src[j]) | (uint32_t)f32_to_bf16(src[j + 1]) << 16;
         }
 }
 
 /* One chunk, rows [o0, o1) (1 to 4 panels), for all n tokens of xh. Up to
- * 6 tokens all its panels go side by side; past that each token tile takes
- * them two by two, and tiles 1 to PF_SPREAD prefetch the next chunk in
- * shares, as panels512 does. */
+ * 6 tokens all its panels go side by side (one token included: -act bf16
+ * is for prefill, and this path's decode was not tuned apart from
+ * DT_BF16P's); past that each token tile takes them two by two, and tiles
+ * 1 to PF_SPREAD prefetch the next chunk in shares, as panels512 does. */
 BF16_FN void dpanels512(float *y, const uint32_t *xh, const Weight *w, int o0, int o1, int n) {
     const int pairs = w->cols / 2, np = (o1 - o0) / 16;
     const char *wd = (const char *)w->data + (size_t)o0 * w->cols * 2;
@@ -982,7 +994,7 @@ int matmul_has_q8i(void) { return isa() == ISA_VNNI; }
 
 int matmul_has_panels(void) { return isa() >= ISA_AVX512; }
 
-int matmul_has_dpanels(void) { return isa() >= ISA_AVX512 && cpu_bf16(); }
+int matmul_has_dpanels(void) { return isa() >= ISA_AVX512 && cpu_has_bf16(); }
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma"), always_inline)) static inline
 

@@ -4,8 +4,10 @@
  * down, lm_head), for one token (decode) or a batch (prefill, verification).
  *
  *   x [n, in] f32 row-major      W [out, in] as stored (bf16 | f16 | f32),
- *                                or q8 blocks made at load (-wq q8; the
- *                                drafter's DT_Q8I also quantizes x)
+ *                                bf16 relaid in panels at load (DT_BF16D,
+ *                                for -act bf16, rounds x to bf16), or q8
+ *                                blocks made at load (-wq q8; the drafter's
+ *                                DT_Q8I also quantizes x)
  *   y [n, out] f32:  y[i][o] = sum_j x[i][j] * W[o][j]
  *
  * Every y[i][o] is one dot product accumulated in the same order whatever n
@@ -78,8 +80,8 @@ int weight_to_panels(Weight *w);
 int matmul_has_panels(void);
 /* Relays a row-major DT_BF16 w as DT_BF16D in place (its bytes must be
  * writable). 0 ok; -1 when w is not DT_BF16, rows is not a positive
- * multiple of 16, cols not a positive even number, or memory for one
- * panel's rows runs out, w untouched. */
+ * multiple of 16, cols not a positive even number, the data not on a
+ * 4-byte boundary, or memory for one panel's rows runs out, w untouched. */
 int weight_to_dpanels(Weight *w);
 /* Whether matmul has its fast kernel for DT_BF16D here (AVX-512 and the
  * CPU's AVX-512 BF16); without it DT_BF16D runs the plain C reference, the

@@ -218,14 +218,27 @@ static int load_mtp(Model *m, char *err, size_t errlen) {
 }
 
 /* Relays w with to (weight_to_panels or weight_to_dpanels) when it is bf16
- * in a copy of the loader's own (not a file mapping). 0 done; else why it
- * stays as stored: 1 not bf16, 2 mapped, 3 refused by to (its shape, or
+ * in the loader's copy of its file. 0 done; else why it stays as stored:
+ * 1 not bf16, 2 not in that copy (a file mapping, or a tensor the loader
+ * moved apart for its alignment), 3 refused by to (its shape, alignment or
  * memory). Every kernel also reads it as stored, except that DT_BF16D's
  * bf16 activations have no other layout. */
 static int relay(Model *m, Weight *w, int (*to)(Weight *)) {
     if (w->dtype != DT_BF16) return 1;
     if (!st_in_copy(&m->ts, w->data, (size_t)w->rows * w->cols * 2)) return 2;
     return to(w) ? 3 : 0;
+}
+
+/* One line in err on why matrix what could not be relaid for bf16 inputs. */
+static void relay_error(const Weight *w, int why, const char *what, char *err, size_t errlen) {
+    if (why == 1)
+        snprintf(err, errlen, "bf16 activations: %s is %s, expected BF16", what, w->dtype == DT_F32 ? "F32" : "F16");
+    else if (why == 2)
+        snprintf(err, errlen, "bf16 activations: %s is not in the loader's copy of the checkpoint (made only when the "
+                 "files fit in half the memory; tensors at odd offsets are kept apart), so it cannot be relaid", what);
+    else
+        snprintf(err, errlen, "bf16 activations: %s [%d, %d] could not be relaid: expected rows a multiple of 16, an "
+                 "even number of columns and data on a 4-byte boundary (or memory ran out)", what, w->rows, w->cols);
 }
 
 /* Every bf16 matrix into panels, the layout the AVX-512 kernel reads best
@@ -238,43 +251,40 @@ static int to_panels(Model *m, int act_bf16, char *err, size_t errlen) {
     /* copies it cannot write stay as they are, and read-only */
     if (st_copies_writable(&m->ts, 1)) {
         st_copies_writable(&m->ts, 0);
+        if (!act_bf16) return 0;
         snprintf(err, errlen, "bf16 activations: the weights' memory could not be made writable to relay them");
-        return act_bf16 ? -1 : 0;
+        return -1;
     }
     static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    const Weight *bad = NULL;
-    char what[64] = "";
-    int why = relay(m, &m->embed, to);
+    char what[64];
+    int why = relay(m, &m->embed, to), rc = 0;
     /* an untied embedding is only looked up, in any layout */
-    if (why && m->cfg.tie_embeddings) bad = &m->embed, snprintf(what, sizeof what, "model.embed_tokens");
+    if (act_bf16 && why && m->cfg.tie_embeddings) {
+        relay_error(&m->embed, why, "model.embed_tokens", err, errlen);
+        rc = -1;
+    }
     if (m->lm_head.data == m->embed.data) m->lm_head = m->embed;
-    else if ((why = relay(m, &m->lm_head, to)) && !bad) bad = &m->lm_head, snprintf(what, sizeof what, "lm_head");
-    for (int l = 0; l < m->cfg.n_layers + m->has_mtp; l++) {
+    else if ((why = relay(m, &m->lm_head, to)) && act_bf16 && !rc) {
+        relay_error(&m->lm_head, why, "lm_head", err, errlen);
+        rc = -1;
+    }
+    for (int l = 0; l < m->cfg.n_layers + m->has_mtp && !rc; l++) {
         Layer *L = l < m->cfg.n_layers ? &m->layers[l] : &m->mtp_layer;
         Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
-        for (int i = 0; i < 7; i++) {
-            const int r = relay(m, w[i], to);
-            if (!r || bad) continue;
-            bad = w[i], why = r;
-            if (l < m->cfg.n_layers) snprintf(what, sizeof what, "model.layers.%d.%s", l, names[i]);
-            else snprintf(what, sizeof what, "mtp.layers.0.%s", names[i]);
-        }
+        for (int i = 0; i < 7 && !rc; i++)
+            if ((why = relay(m, w[i], to)) && act_bf16) {
+                if (l < m->cfg.n_layers) snprintf(what, sizeof what, "model.layers.%d.%s", l, names[i]);
+                else snprintf(what, sizeof what, "mtp.layers.0.%s", names[i]);
+                relay_error(w[i], why, what, err, errlen);
+                rc = -1;
+            }
     }
-    if (m->has_mtp) {
-        const int r = relay(m, &m->mtp_fc, to);
-        if (r && !bad) bad = &m->mtp_fc, why = r, snprintf(what, sizeof what, "mtp.fc");
+    if (m->has_mtp && !rc && (why = relay(m, &m->mtp_fc, to)) && act_bf16) {
+        relay_error(&m->mtp_fc, why, "mtp.fc", err, errlen);
+        rc = -1;
     }
     st_copies_writable(&m->ts, 0);
-    if (!act_bf16 || !bad) return 0;
-    if (why == 1)
-        snprintf(err, errlen, "bf16 activations: %s is %s, expected BF16", what, bad->dtype == DT_F32 ? "F32" : "F16");
-    else if (why == 2)
-        snprintf(err, errlen, "bf16 activations: %s stayed in the file's mapping (a checkpoint is copied into memory "
-                 "only when it fits in half of it); it must be in memory to be relaid", what);
-    else
-        snprintf(err, errlen, "bf16 activations: %s [%d, %d] could not be relaid: expected rows a multiple of 16 "
-                 "and an even number of columns (or memory ran out)", what, bad->rows, bad->cols);
-    return -1;
+    return rc;
 }
 
 int model_load(Model *m, const char *dir, int flags, char *err, size_t errlen) {
@@ -309,7 +319,8 @@ int model_load(Model *m, const char *dir, int flags, char *err, size_t errlen) {
         if (load_layer(m, &m->layers[l], prefix, err, errlen)) goto fail;
     }
     if (c->mtp_layers > 0 && load_mtp(m, err, errlen)) goto fail;
-    if ((matmul_has_panels() || (flags & MODEL_ACT_BF16)) && to_panels(m, flags & MODEL_ACT_BF16, err, errlen)) goto fail;
+    /* MODEL_ACT_BF16 was refused above where panels have no kernel */
+    if (matmul_has_panels() && to_panels(m, flags & MODEL_ACT_BF16, err, errlen)) goto fail;
     m->mtp_head = m->lm_head;
     rope_init(m);
     if (scratch_init(m, err, errlen)) goto fail;

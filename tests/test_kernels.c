@@ -401,30 +401,57 @@ Test(kernels, dpanels_match_reference_to_the_bit) {
         }
         /* within bf16 rounding of x (2^-9 relative) of the f32 matmul */
         kernels_set_isa("ref");
+        matmul_ref(ref, x, &p, 40);
         matmul_ref(got, x, &b, 40);
         for (int i = 0; i < 40 * out; i++)
             cr_expect(fabsf(got[i] - ref[i]) <= 4e-3f * sqrtf((float)in), "%dx%d at %d: %g vs %g", out, in, i, ref[i], got[i]);
         free(x), free(ref), free(got), free(mem), free(memp);
     }
-    /* x rounded as the instruction rounds: ties to even, subnormals to
-     * zero, infinities kept; weights' subnormals count as zero */
+    /* x rounded as the instruction rounds and its subnormals: one token
+     * per case, each of whose outputs the case decides. Column 7's weights
+     * are 2 and row 0's weights in columns 4 and 5 (the two halves of a
+     * pair) are subnormal. */
     {
         void *mem;
         Weight w = make_weight(DT_BF16, 16, 64, &mem);
-        ((uint16_t *)mem)[5] = 0x0003; /* a subnormal weight, row 0 */
+        for (int r = 0; r < 16; r++) ((uint16_t *)mem)[r * 64 + 7] = 0x4000;
+        ((uint16_t *)mem)[4] = 0x8005, ((uint16_t *)mem)[5] = 0x0003;
         cr_assert_eq(weight_to_dpanels(&w), 0);
-        float x[2 * 64], ref[2 * 16], got[2 * 16];
-        for (int i = 0; i < 128; i++) x[i] = frand();
-        const uint32_t specials[] = {0x3F808000u, 0x3F818000u, 0x00000001u, 0x807FFFFFu, 0x7F800000u, 0x1E000000u};
-        for (int i = 0; i < 6; i++) memcpy(&x[3 + 11 * i], &specials[i], 4);
+        enum { NT = 4 };
+        float x[NT * 64], ref[NT * 16], got[NT * 16];
+        const uint32_t tie_down = 0x3F808000u, tie_up = 0x3F818000u, sub = 0x807FFFFFu, inf = 0x7F800000u;
+        for (int i = 0; i < NT * 64; i++) x[i] = i < 64 ? 0 : frand();
+        /* token 0: only a subnormal that rounding alone would make -FLT_MIN */
+        memcpy(&x[7], &sub, 4);
+        /* token 1: ties, each a bf16 ulp (2^-7) apart from the wrong way */
+        memcpy(&x[64 + 3], &tie_down, 4), memcpy(&x[64 + 9], &tie_up, 4);
+        /* token 2: an infinity stays one */
+        memcpy(&x[128 + 47], &inf, 4);
+        /* token 3: only columns 4 and 5, against row 0's subnormal weights */
+        for (int j = 0; j < 64; j++) x[192 + j] = j == 4 || j == 5 ? 1e30f : 0;
         kernels_set_isa("ref");
-        matmul_ref(ref, x, &w, 2);
+        matmul_ref(ref, x, &w, NT);
+        for (int o = 0; o < 16; o++) {
+            cr_expect(ref[o] == 0, "row %d: a subnormal input counted (%g)", o, ref[o]);
+            cr_expect(isinf(ref[32 + o]), "row %d: the infinity was lost (%g)", o, ref[32 + o]);
+        }
+        cr_expect(ref[48] == 0, "a subnormal weight counted (%g)", ref[48]);
+        x[192 + 5] = 0;
+        matmul_ref(got, x, &w, NT);
+        cr_expect(got[48] == 0, "the even column's subnormal weight counted (%g)", got[48]);
+        x[192 + 5] = 1e30f;
         for (size_t k = 0; k < NISA; k++) {
             if (kernels_set_isa(isas[k])) continue;
-            cr_assert_eq(matmul_reserve(2, 64), 0);
-            matmul(got, x, &w, 2);
-            cr_expect(memcmp(got, ref, sizeof got) == 0, "%s: special values not rounded as the reference", isas[k]);
+            cr_assert_eq(matmul_reserve(NT, 64), 0);
+            matmul(got, x, &w, NT);
+            cr_expect(memcmp(got, ref, sizeof got) == 0, "%s: special values not as the reference", isas[k]);
         }
+        /* the ties rounded the other way change token 1's outputs */
+        const uint32_t tie_down_wrong = 0x3F810000u;
+        memcpy(&x[64 + 3], &tie_down_wrong, 4);
+        kernels_set_isa("ref");
+        matmul_ref(got, x, &w, NT);
+        cr_expect(memcmp(got + 16, ref + 16, 16 * sizeof(float)) != 0, "a tie's rounding does not reach the outputs");
         free(mem);
     }
     cr_expect_eq(f32_to_bf16(1.00390625f), 0x3F80, "a tie rounds to even (down)");

@@ -102,6 +102,15 @@ static void patch_header(const char *path, const char *from, const char *to) {
     free(b);
 }
 
+/* Runs the binary with args (redirections included); its exit code. */
+static int run_status(const char *args) {
+    const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s </dev/null", bin, args);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* Runs the binary; expects exit code `code` and one stderr line starting
  * with "error: " that holds the given fragments. */
 static void expect_fail(int code, const char *args, const char *frag1, const char *frag2) {
@@ -218,6 +227,23 @@ Test(load, unsupported_dtype) {
                  "\"model.layers.0.input_layernorm.weight\":{\"dtype\":\"I16\"");
     snprintf(a, sizeof a, "%s -i hi", d);
     expect_fail(1, a, "dtype I16 not supported", "input_layernorm");
+}
+
+/* -act bf16 names the first matrix it cannot run on bf16 inputs (here one
+ * stored as F16: same bytes, other dtype), where the CPU has the
+ * instruction; elsewhere it names the instruction. */
+Test(load, bf16_inputs_need_bf16_matrices) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    /* the header keeps its length, so every tensor keeps its alignment */
+    patch_header(p, "\"model.layers.1.self_attn.q_proj.weight\":{\"dtype\":\"BF16\"",
+                 "\"model.layers.1.self_attn.q_proj.weight\":{\"dtype\": \"F16\"");
+    snprintf(a, sizeof a, "%s -i hi -n 2 >/dev/null 2>&1", d);
+    cr_expect_eq(run_status(a), 0, "an F16 matrix among BF16 ones loads with f32 inputs");
+    snprintf(a, sizeof a, "%s -i hi -n 2 -act bf16", d);
+    if (matmul_has_dpanels()) expect_fail(1, a, "bf16 activations: model.layers.1.q_proj is F16, expected BF16", NULL);
+    else expect_fail(1, a, "need AVX-512 BF16", NULL);
 }
 
 Test(load, shape_mismatch) {
