@@ -66,9 +66,10 @@ bench/qwen3-0.6b bench/qwen3-0.6b-mtp: | $(BUILD)/make_model
 	$(BUILD)/make_model --shape 0.6b $(if $(findstring -mtp,$@),--mtp) --out $@.tmp
 	mv $@.tmp $@
 
-# Speed is measured here, never asserted in a test. About 11.5 min on 2
-# cores (measured 11m31s and 11m33s with the models already made; making the
-# two models the first time adds ~15 s); other load on the cores stretches it.
+# Speed is measured here, never asserted in a test. About 10 min on 2
+# cores (measured 9m48s and 10m13s on an AMD EPYC with the models already
+# made; making the two models the first time adds ~15 s); other load on the
+# cores stretches it.
 bench: $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/run bench/qwen3-0.6b bench/qwen3-0.6b-mtp
 	$(BUILD)/bench bench/qwen3-0.6b
 	$(BUILD)/bench_attn --layers 28 8192 32768
