@@ -285,93 +285,23 @@ Test(kernels, matmul_threads_compute_every_row_once) {
     }
 }
 
-/* DT_BF16P (bf16 relaid in 32-row panels): weight_to_panels keeps every
- * weight (weight_row, the values quantize reads) and refuses what it cannot
- * lay out; on every ISA matmul gives the reference's fma chain to the bit
- * (so rows do not depend on the batch), for batches that take the 2 x 6
- * and 1 x 12 tiles and their remainders, chunks of one and two panels, the
- * next-chunk prefetch (192 rows), and any team size. */
-Test(kernels, panels_match_reference_to_the_bit) {
-    /* 1024 columns: x used in place of its blocks; 100 tokens: 9 tiles, the
-     * next chunk prefetched in eighths */
-    const int shapes[][2] = {{32, 1}, {96, 100}, {192, 1030}, {64, 2112}, {128, 1024}},
-              ns[] = {1, 3, 6, 7, 12, 13, 40, 100};
+/* What both panel layouts must hold, for matrices of shapes[k] = {rows,
+ * cols} relaid by to into dt: every weight kept (weight_row, the values
+ * quantize reads); on every ISA matmul gives the reference's bits (so rows
+ * do not depend on the batch) for 1 to 100 tokens, at 1 and 3 threads; and
+ * the results within tol * sqrt(cols) of the row-major matmul's. */
+static void check_panels(int (*to)(Weight *), DType dt, const int (*shapes)[2], int nshapes, float tol) {
+    const int ns[] = {1, 3, 6, 7, 12, 13, 40, 100};
     const int NS = sizeof ns / sizeof ns[0], NMAX = 100;
-    for (int si = 0; si < 5; si++) {
+    for (int si = 0; si < nshapes; si++) {
         const int out = shapes[si][0], in = shapes[si][1];
         void *mem, *memp;
         Weight b = make_weight(DT_BF16, out, in, &mem), p = b;
         memp = malloc((size_t)out * in * 2);
         memcpy(memp, mem, (size_t)out * in * 2);
         p.data = memp;
-        cr_assert_eq(weight_to_panels(&p), 0);
-        cr_assert_eq(p.dtype, DT_BF16P);
-        float *rb = malloc(sizeof(float) * in), *rp = malloc(sizeof(float) * in);
-        for (int o = 0; o < out; o++) {
-            weight_row(&b, o, rb), weight_row(&p, o, rp);
-            cr_expect(memcmp(rb, rp, sizeof(float) * in) == 0, "%dx%d: row %d of the panels differs", out, in, o);
-        }
-        free(rb), free(rp);
-        float *x = malloc(sizeof(float) * NMAX * in), *ref = malloc(sizeof(float) * NMAX * out),
-              *got = malloc(sizeof(float) * NMAX * out);
-        for (int i = 0; i < NMAX * in; i++) x[i] = frand();
-        for (size_t k = 0; k < NISA; k++) {
-            if (kernels_set_isa(isas[k])) continue;
-            for (int ni = 0; ni < NS; ni++) {
-                const int n = ns[ni];
-                kernels_set_isa("ref");
-                matmul_ref(ref, x, &p, n);
-                kernels_set_isa(isas[k]);
-                for (int t = 1; t <= 3; t += 2) {
-                    omp_set_num_threads(t);
-                    cr_assert_eq(matmul_reserve(n, in), 0);
-                    for (int i = 0; i < n * out; i++) got[i] = NAN;
-                    matmul(got, x, &p, n);
-                    cr_expect(memcmp(got, ref, sizeof(float) * n * out) == 0, "%s %dx%d, %d tokens, %d threads: not the reference's bits",
-                              isas[k], out, in, n, t);
-                }
-            }
-        }
-        /* within the float rounding of the row-major matmul */
-        kernels_set_isa("ref");
-        matmul_ref(got, x, &b, 40);
-        for (int i = 0; i < 40 * out; i++)
-            cr_expect(fabsf(got[i] - ref[i]) <= 2e-5f * sqrtf((float)in), "%dx%d at %d: %g vs %g", out, in, i, ref[i], got[i]);
-        free(x), free(ref), free(got), free(mem), free(memp);
-    }
-    /* what it cannot lay out stays as it is */
-    void *mem;
-    Weight w = make_weight(DT_BF16, 48, 64, &mem), f;
-    cr_expect_eq(weight_to_panels(&w), -1);
-    cr_expect_eq(w.dtype, DT_BF16);
-    free(mem);
-    f = make_weight(DT_F32, 64, 64, &mem);
-    cr_expect_eq(weight_to_panels(&f), -1);
-    cr_expect_eq(f.dtype, DT_F32);
-    free(mem);
-}
-
-/* DT_BF16D (-act bf16: bf16 in 16-row panels of column pairs, x rounded to
- * bf16 for vdpbf16ps): weight_to_dpanels keeps every weight and refuses
- * what it cannot lay out; on every ISA matmul gives the reference's bits
- * (bf16_dot2's chain: the CPU's instruction, to the bit), for batches that
- * take the 4 x 6 and 2 x 12 tiles and their remainders, chunks of 1 to 4
- * panels, x in several blocks with a short last one, and any team size;
- * the results stay within bf16 rounding of x of the f32 matmul, and x's
- * subnormals, infinities and exact ties round as the instruction does. */
-Test(kernels, dpanels_match_reference_to_the_bit) {
-    const int shapes[][2] = {{16, 2}, {48, 100}, {208, 1030}, {64, 2112}, {128, 1024}},
-              ns[] = {1, 3, 6, 7, 12, 13, 40, 100};
-    const int NS = sizeof ns / sizeof ns[0], NMAX = 100;
-    for (int si = 0; si < 5; si++) {
-        const int out = shapes[si][0], in = shapes[si][1];
-        void *mem, *memp;
-        Weight b = make_weight(DT_BF16, out, in, &mem), p = b;
-        memp = malloc((size_t)out * in * 2);
-        memcpy(memp, mem, (size_t)out * in * 2);
-        p.data = memp;
-        cr_assert_eq(weight_to_dpanels(&p), 0);
-        cr_assert_eq(p.dtype, DT_BF16D);
+        cr_assert_eq(to(&p), 0);
+        cr_assert_eq(p.dtype, dt);
         float *rb = malloc(sizeof(float) * in), *rp = malloc(sizeof(float) * in);
         for (int o = 0; o < out; o++) {
             weight_row(&b, o, rb), weight_row(&p, o, rp);
@@ -394,19 +324,52 @@ Test(kernels, dpanels_match_reference_to_the_bit) {
                     for (int i = 0; i < n * out; i++) got[i] = NAN;
                     matmul(got, x, &p, n);
                     cr_expect(memcmp(got, ref, sizeof(float) * n * out) == 0,
-                              "%s (vdpbf16ps %s) %dx%d, %d tokens, %d threads: not the reference's bits", isas[k],
-                              matmul_has_dpanels() ? "on" : "off", out, in, n, t);
+                              "%s (dtype %d, vdpbf16ps %s) %dx%d, %d tokens, %d threads: not the reference's bits",
+                              isas[k], (int)dt, matmul_has_dpanels() ? "on" : "off", out, in, n, t);
                 }
             }
         }
-        /* within bf16 rounding of x (2^-9 relative) of the f32 matmul */
         kernels_set_isa("ref");
         matmul_ref(ref, x, &p, 40);
         matmul_ref(got, x, &b, 40);
         for (int i = 0; i < 40 * out; i++)
-            cr_expect(fabsf(got[i] - ref[i]) <= 4e-3f * sqrtf((float)in), "%dx%d at %d: %g vs %g", out, in, i, ref[i], got[i]);
+            cr_expect(fabsf(got[i] - ref[i]) <= tol * sqrtf((float)in), "%dx%d at %d: %g vs %g", out, in, i, ref[i], got[i]);
         free(x), free(ref), free(got), free(mem), free(memp);
     }
+}
+
+/* DT_BF16P (bf16 relaid in 32-row panels), as check_panels says, for
+ * batches that take the 1 x 1, 2 x 6 and 1 x 12 tiles and their
+ * remainders, chunks of one and two panels, the next-chunk prefetch (192
+ * rows), within float rounding of the row-major matmul; what
+ * weight_to_panels cannot lay out stays as it is. */
+Test(kernels, panels_match_reference_to_the_bit) {
+    /* 1024 columns: x used in place of its blocks; 100 tokens: 9 tiles, the
+     * next chunk prefetched in eighths */
+    const int shapes[][2] = {{32, 1}, {96, 100}, {192, 1030}, {64, 2112}, {128, 1024}};
+    check_panels(weight_to_panels, DT_BF16P, shapes, 5, 2e-5f);
+    void *mem;
+    Weight w = make_weight(DT_BF16, 48, 64, &mem), f;
+    cr_expect_eq(weight_to_panels(&w), -1);
+    cr_expect_eq(w.dtype, DT_BF16);
+    free(mem);
+    f = make_weight(DT_F32, 64, 64, &mem);
+    cr_expect_eq(weight_to_panels(&f), -1);
+    cr_expect_eq(f.dtype, DT_F32);
+    free(mem);
+}
+
+/* DT_BF16D (-act bf16: bf16 in 16-row panels of column pairs, x rounded to
+ * bf16 for vdpbf16ps), as check_panels says (the reference being
+ * bf16_dot2's chain: the CPU's instruction, to the bit), for batches that
+ * take the 4 x 6 and 2 x 12 tiles and their remainders, chunks of 1 to 4
+ * panels, x in several blocks with a short last one, within bf16 rounding
+ * of x (2^-9 relative) of the f32 matmul; x's subnormals, infinities and
+ * exact ties round as the instruction does; what weight_to_dpanels cannot
+ * lay out stays as it is. */
+Test(kernels, dpanels_match_reference_to_the_bit) {
+    const int shapes[][2] = {{16, 2}, {48, 100}, {208, 1030}, {64, 2112}, {128, 1024}};
+    check_panels(weight_to_dpanels, DT_BF16D, shapes, 5, 4e-3f);
     /* x rounded as the instruction rounds and its subnormals: one token
      * per case, each of whose outputs the case decides. Column 7's weights
      * are 2 and row 0's weights in columns 4 and 5 (the two halves of a
@@ -466,6 +429,12 @@ Test(kernels, dpanels_match_reference_to_the_bit) {
     free(mem);
     w = make_weight(DT_BF16, 16, 63, &mem);
     cr_expect_eq(weight_to_dpanels(&w), -1);
+    free(mem);
+    /* data 2 bytes past a 4-byte boundary: the pairs are 32-bit words */
+    w = make_weight(DT_BF16, 16, 66, &mem);
+    w.data = (const uint16_t *)mem + 1, w.cols = 64;
+    cr_expect_eq(weight_to_dpanels(&w), -1);
+    cr_expect_eq(w.dtype, DT_BF16);
     free(mem);
     f = make_weight(DT_F32, 64, 64, &mem);
     cr_expect_eq(weight_to_dpanels(&f), -1);
