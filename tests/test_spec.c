@@ -40,13 +40,19 @@ static void check_exact(const char *model, const char *kv, const char *extra, in
 }
 
 /* Drafts from q8 copies of the MTP weights (the default), from the stored
- * ones, and with the main model itself in q8. */
+ * ones, with the main model itself in q8, and with bf16 matmul inputs
+ * (where the CPU has AVX-512 BF16: verification batches of 2-5 tokens take
+ * other tiles than a single token does, with the same bits). */
 Test(spec, greedy_exact_small_fixture) {
     const char *schemes[] = {"f32", "f16", "q8", "tbq4", "kivi2:g32:r32", "kivi4:g16:r64"};
     for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
         check_exact("tests/data/fixtures/small", schemes[i], "", 256);
     check_exact("tests/data/fixtures/small", "f16", "-wq-draft stored", 256);
     check_exact("tests/data/fixtures/small", "tbq4", "-wq q8", 256);
+    if (matmul_has_dpanels()) {
+        check_exact("tests/data/fixtures/small", "f16", "-act bf16", 256);
+        check_exact("tests/data/fixtures/small", "q8", "-act bf16 -wq-draft stored", 256);
+    }
 }
 
 /* Draft d ~ q, then the rule: the emitted token must follow p exactly.
