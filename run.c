@@ -483,7 +483,8 @@ int main(int argc, char **argv) {
     const char *dir = a.model ? a.model : default_model(model_buf, sizeof model_buf);
     KVSpec spec, specs[64];
     int n_specs = 0, is_compare = strcmp(a.mode, "compare") == 0;
-    if (is_compare && parse_compare_list(a.set_kv ? a.kv : NULL, a.wq_q8 || a.act_bf16, specs, &n_specs, err, sizeof err))
+    const int other = a.wq_q8 || a.act_bf16; /* compare: matmuls other than the reference's */
+    if (is_compare && parse_compare_list(a.set_kv ? a.kv : NULL, other, specs, &n_specs, err, sizeof err))
         return usage_error("%s", err);
     if (!is_compare && kv_spec_parse(a.kv, &spec, err, sizeof err)) return usage_error("%s", err);
     if (is_compare) spec = specs[0];
@@ -598,7 +599,8 @@ int main(int argc, char **argv) {
             rc = 1;
             two = 0;
         }
-        if (rc == 0 && (compare_run(two ? &ref : &m, &m, a.wq_q8 ? "q8" : "act bf16", specs, n_specs, ids, n_ids, ctx, n_gen, rows, err,
+        const char *what = a.wq_q8 ? "q8" : "act bf16";
+        if (rc == 0 && (compare_run(two ? &ref : &m, &m, what, specs, n_specs, ids, n_ids, ctx, n_gen, rows, err,
                                     sizeof err) ||
                         (a.out && compare_svg(a.out, rows, n_specs, dir, err, sizeof err)))) {
             fprintf(stderr, "error: %s\n", err);

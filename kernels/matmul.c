@@ -555,9 +555,9 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
  * second token tile took 1 x 12 tiles from 59-69% to 65-75% of the FMA
  * peak (four rounds).
  * A tile is P panels x T tokens, P * 2 * T sums: 1 x 1 for one token,
- * 2 x 6 (24 sums, 4 weight vectors) for up to 6, 1 x 12 past that (measured best of 1 x 8,
- * 1 x 12, 2 x 5, 2 x 6). Every sum is the same fma chain over k in order,
- * whatever the tile. */
+ * 2 x 6 (24 sums, 4 weight vectors) for up to 6, 1 x 12 past that
+ * (measured best of 1 x 8, 1 x 12, 2 x 5, 2 x 6). Every sum is the same
+ * fma chain over k in order, whatever the tile. */
 #define PANEL_T 12
 
 /* Panels [p0, p0 + P) x tokens [i, i + T), all columns. x comes in
