@@ -639,8 +639,8 @@ static void block_rows(float *xb, const float *x, int i0, int i1, int in) {
 }
 
 /* One chunk, rows [o0, o1) (1 or 2 panels), for all n tokens (xb: x in
- * blocks, unless n is 1). Up to 6 tokens both panels go side by side;
- * past that each token tile of up to PANEL_T takes the panels one by one
+ * blocks, unless n is 1). One token takes the panels one at a time, up to
+ * 6 both go side by side; past that each token tile of up to PANEL_T takes the panels one by one
  * (they stay in L2 after the first tile), and tiles 1 to PF_SPREAD each
  * prefetch one PF_SPREAD-th of the chunk after this one when it is in the
  * same matrix: this thread's likely next (see runs_next). With forward
@@ -652,6 +652,33 @@ static void block_rows(float *xb, const float *x, int i0, int i1, int in) {
  * the whole chunk in tile 1. */
 #define PF_SHIFT 3
 #define PF_SPREAD (1 << PF_SHIFT)
+
+/* That plan for the chunk of rows [o0, o1) of w (bf16 panels of either
+ * layout, cols * 2 bytes a row) at n > 6 tokens: tile 0 streams the chunk
+ * from memory, PREFETCH_BYTES ahead; tiles 1 to spread each fetch their
+ * share of the next chunk when it is in the same matrix; later tiles point
+ * at the line they read. */
+typedef struct {
+    const char *wd, *nx; /* this chunk's bytes, the next one's (or NULL) */
+    int spread, sh;
+    size_t share;        /* bytes of the next chunk per tile 1..spread */
+} ChunkPf;
+
+static ChunkPf chunk_pf(const Weight *w, int o0, int o1, int n) {
+    const size_t bytes = (size_t)(o1 - o0) * w->cols * 2;
+    const int tiles = (n + PANEL_T - 1) / PANEL_T, spread = tiles > PF_SPREAD ? PF_SPREAD : 1;
+    const char *wd = (const char *)w->data + (size_t)o0 * w->cols * 2;
+    return (ChunkPf){wd, o1 + (o1 - o0) <= w->rows ? wd + bytes : NULL, spread, spread == PF_SPREAD ? PF_SHIFT : 0,
+                     bytes / spread};
+}
+
+/* Where token tile `tile` prefetches from while it reads the panels at byte
+ * at of the chunk, and in *sh how fast that pointer advances (see panel512). */
+static inline const char *chunk_pf_at(const ChunkPf *c, int tile, size_t at, int *sh) {
+    const int ahead = c->nx && tile >= 1 && tile <= c->spread;
+    *sh = ahead ? c->sh : 0;
+    return tile == 0 ? c->wd + at + PREFETCH_BYTES : ahead ? c->nx + (size_t)(tile - 1) * c->share + (at >> c->sh) : c->wd + at;
+}
 AVX512 void panels512(float *y, const float *x, const float *xb, const Weight *w, int o0, int o1, int n) {
     const int in = w->cols, np = (o1 - o0) / 32;
     const size_t bs = PANEL_T * PANEL_K;
@@ -669,19 +696,12 @@ AVX512 void panels512(float *y, const float *x, const float *xb, const Weight *w
         panel512_t(y, xb, bs, w, o0 / 32, np, 0, n, wd + PANEL_PREFETCH, 0);
         return;
     }
-    const char *nx = o1 + (o1 - o0) <= w->rows ? wd + (size_t)(o1 - o0) * in * 2 : NULL;
-    const int tiles = (n + PANEL_T - 1) / PANEL_T, spread = tiles > PF_SPREAD ? PF_SPREAD : 1;
-    const int sh = spread == PF_SPREAD ? PF_SHIFT : 0;
-    /* bytes of the next chunk each of tiles 1..spread prefetches */
-    const size_t share = (size_t)np * in * 64 / spread;
+    const ChunkPf c = chunk_pf(w, o0, o1, n);
     for (int i = 0, tile = 0; i < n; i += PANEL_T, tile++) {
-        const int T = n - i < PANEL_T ? n - i : PANEL_T, ahead = nx && tile >= 1 && tile <= spread;
-        for (int p = 0; p < np; p++) {
-            const size_t at = (size_t)p * in * 64;
-            const char *pf = tile == 0 ? wd + at + PREFETCH_BYTES
-                             : ahead   ? nx + (size_t)(tile - 1) * share + (at >> sh)
-                                       : wd + at;
-            panel512_t(y, xb + (size_t)tile * xb_tile_floats(in), bs, w, o0 / 32 + p, 1, i, T, pf, ahead ? sh : 0);
+        const int T = n - i < PANEL_T ? n - i : PANEL_T;
+        for (int p = 0, sh; p < np; p++) {
+            const char *pf = chunk_pf_at(&c, tile, (size_t)p * in * 64, &sh);
+            panel512_t(y, xb + (size_t)tile * xb_tile_floats(in), bs, w, o0 / 32 + p, 1, i, T, pf, sh);
         }
     }
 }
@@ -784,19 +804,12 @@ BF16_FN void dpanels512(float *y, const uint32_t *xh, const Weight *w, int o0, i
         dpanel512_t(y, xh, w, o0 / 16, np, 0, n, wd + PANEL_PREFETCH, 0);
         return;
     }
-    const char *nx = o1 + (o1 - o0) <= w->rows ? wd + (size_t)(o1 - o0) * w->cols * 2 : NULL;
-    const int tiles = (n + PANEL_T - 1) / PANEL_T, spread = tiles > PF_SPREAD ? PF_SPREAD : 1;
-    const int sh = spread == PF_SPREAD ? PF_SHIFT : 0;
-    const size_t share = (size_t)np * pairs * 64 / spread;
+    const ChunkPf c = chunk_pf(w, o0, o1, n);
     for (int i = 0, tile = 0; i < n; i += PANEL_T, tile++) {
-        const int T = n - i < PANEL_T ? n - i : PANEL_T, ahead = nx && tile >= 1 && tile <= spread;
-        for (int p = 0; p < np; p += 2) {
-            const size_t at = (size_t)p * pairs * 64;
-            const char *pf = tile == 0 ? wd + at + PREFETCH_BYTES
-                             : ahead   ? nx + (size_t)(tile - 1) * share + (at >> sh)
-                                       : wd + at;
-            dpanel512_t(y, xh + (size_t)tile * xh_tile_words(w->cols), w, o0 / 16 + p, np - p < 2 ? 1 : 2, i, T, pf,
-                        ahead ? sh : 0);
+        const int T = n - i < PANEL_T ? n - i : PANEL_T;
+        for (int p = 0, sh; p < np; p += 2) {
+            const char *pf = chunk_pf_at(&c, tile, (size_t)p * pairs * 64, &sh);
+            dpanel512_t(y, xh + (size_t)tile * xh_tile_words(w->cols), w, o0 / 16 + p, np - p < 2 ? 1 : 2, i, T, pf, sh);
         }
     }
 }
