@@ -1,5 +1,6 @@
 /* json.c: recursive-descent JSON parser (see json.h for the contract). */
-#include "json.h"
+#include "format/json.h"
+#include "format/file.h"
 
 #include <errno.h>
 #include <math.h>
@@ -245,25 +246,10 @@ Json *json_parse(const char *text, size_t n, char *err, size_t errlen) {
     return NULL;
 }
 
-Json *json_parse_file(const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : 65536;
-            char *nb = realloc(buf, cap);
-            if (!nb) { free(buf); fclose(f); snprintf(err, errlen, "%s: out of memory", path); return NULL; }
-            buf = nb;
-        }
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); snprintf(err, errlen, "%s: read error", path); return NULL; }
+Json *json_parse_file(const char *path, size_t max, char *err, size_t errlen) {
+    size_t len;
+    char *buf = file_read(path, max, &len, err, errlen);
+    if (!buf) return NULL;
     char perr[200];
     Json *j = json_parse(buf, len, perr, sizeof perr);
     free(buf);

@@ -32,8 +32,9 @@ struct Json {
 
 /* Parses n bytes. Returns NULL on error and writes one line to err. */
 Json *json_parse(const char *text, size_t n, char *err, size_t errlen);
-/* Reads and parses a whole file; errors name the path. */
-Json *json_parse_file(const char *path, char *err, size_t errlen);
+/* Reads and parses a whole file: a regular file of at most max bytes
+ * (format/file.h); errors name the path. */
+Json *json_parse_file(const char *path, size_t max, char *err, size_t errlen);
 void json_free(Json *j);
 
 /* Object member by key, or NULL (also NULL when o is not an object). */

@@ -1,6 +1,7 @@
 /* safetensors.c: parse, validate and mmap safetensors files (see the header
  * for the format and what is checked). */
 #include "format/safetensors.h"
+#include "format/file.h"
 #include "format/json.h"
 
 #include <errno.h>
@@ -14,6 +15,9 @@
 
 /* A header bigger than this is not a checkpoint header (real ones are < 1 MB). */
 #define ST_MAX_HEADER (100u << 20)
+/* model.safetensors.index.json: about 100 bytes a tensor, so 64 MiB is
+ * room for 600,000 tensors (a 235B checkpoint has under 20,000). */
+#define ST_MAX_INDEX (64u << 20)
 
 static size_t dtype_bytes(const char *dt) {
     static const struct { const char *name; size_t size; } table[] = {
@@ -131,16 +135,42 @@ static int parse_entry(const char *path, const char *name, const Json *e, const 
     return 0;
 }
 
-static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return -1; }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        snprintf(err, errlen, "%s: not a regular file", path);
+/* The format's rule (the reference implementation's validate()): sorted
+ * by offset, each tensor begins exactly where the one before it ended, the
+ * first at 0 and the last ending at the end of the data section. So no two
+ * tensors share a byte, an empty tensor sits between two others and never
+ * inside one (it cannot hide an overlap), and no byte belongs to no tensor
+ * (a file cannot carry data that only another reader would see). */
+static int check_coverage(const char *path, Span *spans, int ns, size_t data_size, char *err, size_t errlen) {
+    qsort(spans, (size_t)ns, sizeof(Span), cmp_span);
+    size_t at = 0;
+    const char *prev = NULL; /* the last tensor with bytes, which ends at `at` */
+    for (int i = 0; i < ns; i++) {
+        if (spans[i].begin < at) {
+            snprintf(err, errlen, "%s: tensors '%s' and '%s' overlap in the data section", path, prev,
+                     spans[i].name);
+            return -1;
+        }
+        if (spans[i].begin > at) {
+            snprintf(err, errlen, "%s: bytes [%zu, %zu) of the data section belong to no tensor (expected tensors "
+                     "to cover it without gaps)", path, at, spans[i].begin);
+            return -1;
+        }
+        if (spans[i].end > at) prev = spans[i].name;
+        at = spans[i].end;
+    }
+    if (at != data_size) {
+        snprintf(err, errlen, "%s: bytes [%zu, %zu) at the end of the data section belong to no tensor (expected "
+                 "tensors to cover it without gaps)", path, at, data_size);
         return -1;
     }
-    size_t size = (size_t)st.st_size;
+    return 0;
+}
+
+static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen) {
+    size_t size;
+    int fd = file_open_regular(path, SIZE_MAX, &size, err, errlen);
+    if (fd < 0) return -1;
     if (size < 8) {
         close(fd);
         snprintf(err, errlen, "%s: expected at least 8 bytes (header length), found %zu", path, size);
@@ -166,13 +196,18 @@ static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen)
     Json *h = json_parse((const char *)bytes + 8, (size_t)hlen, perr, sizeof perr);
     if (!h) { snprintf(err, errlen, "%s: malformed JSON header: %s", path, perr); return -1; }
     if (h->type != JSON_OBJECT) {
-        json_free(h);
         snprintf(err, errlen, "%s: expected a JSON object header, found %s", path, json_type_name(h->type));
+        json_free(h);
         return -1;
     }
     const uint8_t *data = bytes + 8 + hlen;
     size_t data_size = size - 8 - (size_t)hlen;
     Span *spans = calloc(h->len + 1, sizeof(Span));
+    if (!spans) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        json_free(h);
+        return -1;
+    }
     int ns = 0, rc = 0;
     for (size_t i = 0; i < h->len && rc == 0; i++) {
         if (strcmp(h->keys[i], "__metadata__") == 0) continue;
@@ -201,16 +236,7 @@ static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen)
         spans[ns++] = (Span){b, b + t.nbytes, t.name};
         if ((rc = add_tensor(ts, &t, err, errlen))) { free(t.name); ns--; }
     }
-    if (rc == 0) {
-        qsort(spans, (size_t)ns, sizeof(Span), cmp_span);
-        for (int i = 1; i < ns; i++)
-            if (spans[i].begin < spans[i - 1].end && spans[i].end > spans[i].begin) {
-                snprintf(err, errlen, "%s: tensors '%s' and '%s' overlap in the data section", path,
-                         spans[i - 1].name, spans[i].name);
-                rc = -1;
-                break;
-            }
-    }
+    if (rc == 0) rc = check_coverage(path, spans, ns, data_size, err, errlen);
     free(spans);
     json_free(h);
     return rc;
@@ -230,7 +256,7 @@ static char *join(const char *dir, const char *name) {
 }
 
 static int open_index(TensorStore *ts, const char *dir, const char *index_path, char *err, size_t errlen) {
-    Json *idx = json_parse_file(index_path, err, errlen);
+    Json *idx = json_parse_file(index_path, ST_MAX_INDEX, err, errlen);
     if (!idx) return -1;
     const Json *wm = json_get(idx, "weight_map");
     int rc = 0;
@@ -301,9 +327,12 @@ int st_open_dir(TensorStore *ts, const char *dir, char *err, size_t errlen) {
     return rc;
 }
 
-/* The first size bytes of path into dst: 0, or -1 (short or failed read). */
+/* The first size bytes of path into dst: 0, or -1 (not the regular file
+ * of that size it was when opened, or a short or failed read). */
 static int read_all(const char *path, uint8_t *dst, size_t size) {
-    int fd = open(path, O_RDONLY);
+    char err[16];
+    size_t now;
+    int fd = file_open_regular(path, size, &now, err, sizeof err);
     if (fd < 0) return -1;
     size_t done = 0;
     while (done < size) {

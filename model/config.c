@@ -1,25 +1,85 @@
 /* config.c: config.json / generation_config.json -> Config (see config.h).
  * Key names follow Hugging Face transformers' Qwen3Config, with the newer
- * `rope_parameters` spelling accepted next to `rope_theta`/`rope_scaling`. */
+ * `rope_parameters` spelling accepted next to `rope_theta`/`rope_scaling`.
+ *
+ * Every field is either absent (or null), which takes transformers' default,
+ * or present with a value the model can use; a present value that is of the
+ * wrong type or impossible (max_position_embeddings 0, a bool that is a
+ * string) is an error naming the field, never replaced by the default. */
 #include "model/config.h"
+#include "format/file.h"
 #include "format/json.h"
+#include "format/quote.h"
+#include "kv/kv.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
-/* Reads a required positive integer field or reports which one is wrong. */
-static int req_int(const Json *j, const char *path, const char *key, long hi, int *out, char *err, size_t errlen) {
-    long v;
+/* What a field held, for error lines: its number or its JSON type. */
+static const char *found(const Json *f, char *buf, size_t n) {
+    char q[QUOTE_BUF];
+    if (f->type == JSON_NUMBER) snprintf(buf, n, "%.17g", f->number);
+    else if (f->type == JSON_STRING) snprintf(buf, n, "the string %s", quote(f->str, f->len, q, sizeof q));
+    else snprintf(buf, n, "%s %s", f->type == JSON_ARRAY || f->type == JSON_OBJECT ? "an" : "a",
+                  json_type_name(f->type));
+    return buf;
+}
+
+/* The field key of object j (named where + key in errors), or NULL when it
+ * is absent or null. */
+static const Json *field(const Json *j, const char *key) {
     const Json *f = json_get(j, key);
-    if (!f) { snprintf(err, errlen, "%s: missing field '%s'", path, key); return -1; }
-    if (!json_get_int(j, key, 1, hi, &v)) {
-        snprintf(err, errlen, "%s: field '%s': expected an integer in 1..%ld, found %s%s", path, key, hi,
-                 f->type == JSON_NUMBER ? "" : "a ", f->type == JSON_NUMBER ? "an out-of-range number" : json_type_name(f->type));
+    return f && f->type != JSON_NULL ? f : NULL;
+}
+
+/* An integer field in [lo, hi] into *out; absent or null leaves *out when
+ * !required. 0 ok, -1 with err naming the field. */
+static int get_int(const Json *j, const char *path, const char *where, const char *key, long lo, long hi,
+                   int required, int *out, char *err, size_t errlen) {
+    const Json *f = field(j, key);
+    long v;
+    char b[2 * QUOTE_BUF];
+    if (!f && !required) return 0;
+    if (!f) { snprintf(err, errlen, "%s: missing field '%s%s'", path, where, key); return -1; }
+    if (!json_get_int(j, key, lo, hi, &v)) {
+        snprintf(err, errlen, "%s: field '%s%s': expected an integer in %ld..%ld, found %s", path, where, key, lo, hi,
+                 found(f, b, sizeof b));
         return -1;
     }
     *out = (int)v;
+    return 0;
+}
+
+/* A number field in [lo, hi] (optional: absent or null leaves *out). */
+static int get_num(const Json *j, const char *path, const char *where, const char *key, double lo, double hi,
+                   double *out, char *err, size_t errlen) {
+    const Json *f = field(j, key);
+    char b[2 * QUOTE_BUF];
+    if (!f) return 0;
+    if (f->type != JSON_NUMBER || !(f->number >= lo && f->number <= hi)) {
+        snprintf(err, errlen, "%s: field '%s%s': expected a number in [%g, %g], found %s", path, where, key, lo, hi,
+                 found(f, b, sizeof b));
+        return -1;
+    }
+    *out = f->number;
+    return 0;
+}
+
+/* A true/false field (optional: absent or null leaves *out). */
+static int get_bool(const Json *j, const char *path, const char *where, const char *key, int *out, char *err,
+                    size_t errlen) {
+    const Json *f = field(j, key);
+    char b[2 * QUOTE_BUF];
+    if (!f) return 0;
+    if (f->type != JSON_BOOL) {
+        snprintf(err, errlen, "%s: field '%s%s': expected true or false, found %s", path, where, key,
+                 found(f, b, sizeof b));
+        return -1;
+    }
+    *out = f->boolean;
     return 0;
 }
 
@@ -31,8 +91,8 @@ static void add_eos(Config *c, long id) {
 
 /* eos_token_id is an int or a list of ints. */
 static int read_eos(Config *c, const Json *j, const char *path, char *err, size_t errlen) {
-    const Json *e = json_get(j, "eos_token_id");
-    if (!e || e->type == JSON_NULL) return 0;
+    const Json *e = field(j, "eos_token_id");
+    if (!e) return 0;
     size_t n = e->type == JSON_ARRAY ? e->len : 1;
     for (size_t i = 0; i < n; i++) {
         const Json *v = e->type == JSON_ARRAY ? json_at(e, i) : e;
@@ -46,118 +106,165 @@ static int read_eos(Config *c, const Json *j, const char *path, char *err, size_
 }
 
 static int read_rope(Config *c, const Json *j, const char *path, char *err, size_t errlen) {
-    const Json *params = json_get(j, "rope_parameters");
-    const Json *scaling = json_get(j, "rope_scaling");
-    if (scaling && scaling->type == JSON_NULL) scaling = NULL;
-    if (!json_get_num(j, "rope_theta", &c->rope_theta) && !json_get_num(params, "rope_theta", &c->rope_theta)) {
+    const Json *params = field(j, "rope_parameters"), *scaling = field(j, "rope_scaling");
+    char b[2 * QUOTE_BUF];
+    const Json *th = field(j, "rope_theta") ? field(j, "rope_theta") : field(params, "rope_theta");
+    if (!th) {
         snprintf(err, errlen, "%s: missing field 'rope_theta' (or rope_parameters.rope_theta)", path);
         return -1;
     }
-    if (!(c->rope_theta > 1)) {
-        snprintf(err, errlen, "%s: field 'rope_theta': expected a number > 1, found %g", path, c->rope_theta);
+    if (th->type != JSON_NUMBER || !(th->number > 1 && th->number <= 1e12)) {
+        snprintf(err, errlen, "%s: field '%srope_theta': expected a number > 1, found %s", path,
+                 field(j, "rope_theta") ? "" : "rope_parameters.", found(th, b, sizeof b));
         return -1;
     }
+    c->rope_theta = th->number;
     /* rope_parameters carries the scaling too in newer configs */
     const Json *sc = scaling ? scaling : params;
-    const char *type = json_get_str(sc, "rope_type");
-    if (!type) type = json_get_str(sc, "type");
-    c->rope_type = ROPE_DEFAULT;
-    c->rope_factor = 1;
-    if (!type || strcmp(type, "default") == 0) return 0;
-    if (!json_get_num(sc, "factor", &c->rope_factor) || !(c->rope_factor >= 1)) {
-        snprintf(err, errlen, "%s: rope scaling '%s': expected a numeric 'factor' >= 1", path, type);
+    const char *where = scaling ? "rope_scaling." : "rope_parameters.";
+    if (sc && sc->type != JSON_OBJECT) {
+        snprintf(err, errlen, "%s: field '%.*s': expected an object or null, found %s", path, (int)strlen(where) - 1,
+                 where, found(sc, b, sizeof b));
         return -1;
     }
+    const Json *tf = field(sc, "rope_type") ? field(sc, "rope_type") : field(sc, "type");
+    c->rope_type = ROPE_DEFAULT;
+    c->rope_factor = 1;
+    if (tf && tf->type != JSON_STRING) {
+        snprintf(err, errlen, "%s: field '%srope_type': expected a string, found %s", path, where, found(tf, b, sizeof b));
+        return -1;
+    }
+    const char *type = tf ? tf->str : NULL;
+    if (!type || strcmp(type, "default") == 0) return 0;
+    if (!field(sc, "factor")) {
+        snprintf(err, errlen, "%s: rope scaling %s: missing field '%sfactor'", path, quote_str(type, b, sizeof b), where);
+        return -1;
+    }
+    if (get_num(sc, path, where, "factor", 1, 1e6, &c->rope_factor, err, errlen)) return -1;
     if (strcmp(type, "linear") == 0) { c->rope_type = ROPE_LINEAR; return 0; }
     if (strcmp(type, "yarn") != 0) {
-        snprintf(err, errlen, "%s: rope scaling: expected rope_type default, linear or yarn, found '%s'", path, type);
+        snprintf(err, errlen, "%s: field '%srope_type': expected default, linear or yarn, found %s", path, where,
+                 quote_str(type, b, sizeof b));
         return -1;
     }
     c->rope_type = ROPE_YARN;
-    long omp;
-    c->rope_orig_max_pos = json_get_int(sc, "original_max_position_embeddings", 1, 1L << 30, &omp) ? (int)omp : c->max_pos;
+    c->rope_orig_max_pos = c->max_pos;
     c->yarn_beta_fast = 32;
     c->yarn_beta_slow = 1;
-    json_get_num(sc, "beta_fast", &c->yarn_beta_fast);
-    json_get_num(sc, "beta_slow", &c->yarn_beta_slow);
     c->yarn_truncate = 1;
-    json_get_bool(sc, "truncate", &c->yarn_truncate);
+    double mscale = 0, mscale_all = 0, attn = 0;
+    if (get_int(sc, path, where, "original_max_position_embeddings", 1, 1L << 30, 0, &c->rope_orig_max_pos, err,
+                errlen) ||
+        get_num(sc, path, where, "beta_fast", 1e-6, 1e6, &c->yarn_beta_fast, err, errlen) ||
+        get_num(sc, path, where, "beta_slow", 1e-6, 1e6, &c->yarn_beta_slow, err, errlen) ||
+        get_bool(sc, path, where, "truncate", &c->yarn_truncate, err, errlen) ||
+        get_num(sc, path, where, "mscale", 0, 1e6, &mscale, err, errlen) ||
+        get_num(sc, path, where, "mscale_all_dim", 0, 1e6, &mscale_all, err, errlen) ||
+        get_num(sc, path, where, "attention_factor", 1e-6, 1e6, &attn, err, errlen))
+        return -1;
     /* attention_factor, else transformers' get_mscale: 0.1 ln(factor) + 1 (or the mscale ratio) */
-    double mscale = 0, mscale_all = 0;
-    json_get_num(sc, "mscale", &mscale);
-    json_get_num(sc, "mscale_all_dim", &mscale_all);
-    if (!json_get_num(sc, "attention_factor", &c->yarn_attn_factor)) {
-        double f = c->rope_factor;
-        if (mscale != 0 && mscale_all != 0)
-            c->yarn_attn_factor = (f <= 1 ? 1 : 0.1 * mscale * log(f) + 1) / (f <= 1 ? 1 : 0.1 * mscale_all * log(f) + 1);
-        else
-            c->yarn_attn_factor = f <= 1 ? 1 : 0.1 * log(f) + 1;
-    }
+    double f = c->rope_factor;
+    if (attn > 0) c->yarn_attn_factor = attn;
+    else if (mscale != 0 && mscale_all != 0)
+        c->yarn_attn_factor = (f <= 1 ? 1 : 0.1 * mscale * log(f) + 1) / (f <= 1 ? 1 : 0.1 * mscale_all * log(f) + 1);
+    else
+        c->yarn_attn_factor = f <= 1 ? 1 : 0.1 * log(f) + 1;
     return 0;
+}
+
+int config_parse(Config *c, const Json *j, const char *path, char *err, size_t errlen) {
+    char b[2 * QUOTE_BUF];
+    memset(c, 0, sizeof *c);
+    if (j->type != JSON_OBJECT) {
+        snprintf(err, errlen, "%s: expected a JSON object, found %s", path, found(j, b, sizeof b));
+        return -1;
+    }
+    /* Qwen3 dense only: the hybrid Qwen3.5/Next layers are a different model. */
+    const Json *arch = json_at(field(j, "architectures"), 0);
+    const char *mt = json_get_str(j, "model_type");
+    int ok_arch = arch && arch->type == JSON_STRING && strcmp(arch->str, "Qwen3ForCausalLM") == 0;
+    if (!ok_arch && !(arch == NULL && mt && strcmp(mt, "qwen3") == 0)) {
+        snprintf(err, errlen, "%s: architecture: expected Qwen3ForCausalLM (model_type qwen3), found %s", path,
+                 arch ? found(arch, b, sizeof b) : mt ? quote_str(mt, b, sizeof b) : "none");
+        return -1;
+    }
+    if (get_int(j, path, "", "vocab_size", 1, 1 << 24, 1, &c->vocab_size, err, errlen) ||
+        get_int(j, path, "", "hidden_size", 1, 1 << 16, 1, &c->hidden, err, errlen) ||
+        get_int(j, path, "", "num_hidden_layers", 1, 1024, 1, &c->n_layers, err, errlen) ||
+        get_int(j, path, "", "num_attention_heads", 1, 1024, 1, &c->n_heads, err, errlen) ||
+        get_int(j, path, "", "intermediate_size", 1, 1 << 20, 1, &c->ffn, err, errlen))
+        return -1;
+    c->n_kv_heads = c->n_heads;
+    if (get_int(j, path, "", "num_key_value_heads", 1, 1024, 0, &c->n_kv_heads, err, errlen)) return -1;
+    c->head_dim = c->hidden / c->n_heads;
+    if (get_int(j, path, "", "head_dim", 1, 1024, 0, &c->head_dim, err, errlen)) return -1;
+    if (c->n_heads % c->n_kv_heads != 0) {
+        snprintf(err, errlen, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path,
+                 c->n_heads, c->n_kv_heads);
+        return -1;
+    }
+    /* RoPE rotates pairs; the KV cache takes heads up to KV_MAX_DIM */
+    if (c->head_dim % 2 != 0 || c->head_dim < 2 || c->head_dim > KV_MAX_DIM) {
+        snprintf(err, errlen, "%s: head_dim: expected an even number in 2..%d, found %d%s", path, KV_MAX_DIM,
+                 c->head_dim, field(j, "head_dim") ? "" : " (hidden_size / num_attention_heads)");
+        return -1;
+    }
+    /* transformers' Qwen3Config default */
+    c->max_pos = 32768;
+    if (get_int(j, path, "", "max_position_embeddings", 1, 1L << 30, 0, &c->max_pos, err, errlen)) return -1;
+    c->eps = 1e-6;
+    if (field(j, "rms_norm_eps") && (!json_get_num(j, "rms_norm_eps", &c->eps) || !(c->eps > 0) || c->eps > 1)) {
+        snprintf(err, errlen, "%s: field 'rms_norm_eps': expected a number in (0, 1], found %s", path,
+                 found(field(j, "rms_norm_eps"), b, sizeof b));
+        return -1;
+    }
+    if (read_rope(c, j, path, err, errlen)) return -1;
+    c->tie_embeddings = 0;
+    c->mtp_layers = 0;
+    c->bos_id = -1;
+    if (get_bool(j, path, "", "tie_word_embeddings", &c->tie_embeddings, err, errlen) ||
+        get_int(j, path, "", "num_nextn_predict_layers", 0, 16, 0, &c->mtp_layers, err, errlen) ||
+        get_int(j, path, "", "mtp_num_hidden_layers", 0, 16, 0, &c->mtp_layers, err, errlen) ||
+        get_int(j, path, "", "bos_token_id", 0, 1 << 30, 0, &c->bos_id, err, errlen))
+        return -1;
+    return read_eos(c, j, path, err, errlen);
 }
 
 int config_load(Config *c, const char *dir, char *err, size_t errlen) {
     char path[4096];
     memset(c, 0, sizeof *c);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    Json *j = json_parse_file(path, err, errlen);
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path) {
+        snprintf(err, errlen, "%.200s...: expected a shorter directory name", dir);
+        return -1;
+    }
+    Json *j = json_parse_file(path, CFG_MAX_BYTES, err, errlen);
     if (!j) return -1;
-    int rc = -1;
-    if (j->type != JSON_OBJECT) {
-        snprintf(err, errlen, "%s: expected a JSON object, found %s", path, json_type_name(j->type));
-        goto done;
-    }
-    /* Qwen3 dense only: the hybrid Qwen3.5/Next layers are a different model. */
-    const Json *arch = json_at(json_get(j, "architectures"), 0);
-    const char *mt = json_get_str(j, "model_type");
-    int ok_arch = arch && arch->type == JSON_STRING && strcmp(arch->str, "Qwen3ForCausalLM") == 0;
-    if (!ok_arch && !(arch == NULL && mt && strcmp(mt, "qwen3") == 0)) {
-        snprintf(err, errlen, "%s: architecture: expected Qwen3ForCausalLM (model_type qwen3), found %s", path,
-                 arch && arch->type == JSON_STRING ? arch->str : mt ? mt : "none");
-        goto done;
-    }
-    if (req_int(j, path, "vocab_size", 1 << 24, &c->vocab_size, err, errlen) ||
-        req_int(j, path, "hidden_size", 1 << 16, &c->hidden, err, errlen) ||
-        req_int(j, path, "num_hidden_layers", 1024, &c->n_layers, err, errlen) ||
-        req_int(j, path, "num_attention_heads", 1024, &c->n_heads, err, errlen) ||
-        req_int(j, path, "intermediate_size", 1 << 20, &c->ffn, err, errlen))
-        goto done;
-    if (json_get(j, "num_key_value_heads")) {
-        if (req_int(j, path, "num_key_value_heads", 1024, &c->n_kv_heads, err, errlen)) goto done;
-    } else
-        c->n_kv_heads = c->n_heads;
-    if (json_get(j, "head_dim")) {
-        if (req_int(j, path, "head_dim", 1024, &c->head_dim, err, errlen)) goto done;
-    } else
-        c->head_dim = c->hidden / c->n_heads;
-    if (c->n_heads % c->n_kv_heads != 0) {
-        snprintf(err, errlen, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path,
-                 c->n_heads, c->n_kv_heads);
-        goto done;
-    }
-    if (c->head_dim % 2 != 0) {
-        snprintf(err, errlen, "%s: head_dim: expected an even number (RoPE pairs), found %d", path, c->head_dim);
-        goto done;
-    }
-    long v;
-    c->max_pos = json_get_int(j, "max_position_embeddings", 1, 1L << 30, &v) ? (int)v : 40960;
-    c->eps = 1e-6;
-    if (json_get(j, "rms_norm_eps") && (!json_get_num(j, "rms_norm_eps", &c->eps) || !(c->eps > 0) || c->eps > 1)) {
-        snprintf(err, errlen, "%s: field 'rms_norm_eps': expected a number in (0, 1]", path);
-        goto done;
-    }
-    if (read_rope(c, j, path, err, errlen)) goto done;
-    c->tie_embeddings = 0;
-    json_get_bool(j, "tie_word_embeddings", &c->tie_embeddings);
-    c->mtp_layers = 0;
-    if (json_get_int(j, "num_nextn_predict_layers", 0, 16, &v) || json_get_int(j, "mtp_num_hidden_layers", 0, 16, &v))
-        c->mtp_layers = (int)v;
-    c->bos_id = json_get_int(j, "bos_token_id", 0, 1L << 30, &v) ? (int)v : -1;
-    if (read_eos(c, j, path, err, errlen)) goto done;
-    rc = 0;
-done:
+    int rc = config_parse(c, j, path, err, errlen);
     json_free(j);
     return rc;
+}
+
+int config_parse_generation(Config *c, GenDefaults *g, const Json *j, const char *path, char *err, size_t errlen) {
+    char b[2 * QUOTE_BUF];
+    memset(g, 0, sizeof *g);
+    if (j->type != JSON_OBJECT) {
+        snprintf(err, errlen, "%s: expected a JSON object, found %s", path, found(j, b, sizeof b));
+        return -1;
+    }
+    g->present = 1;
+    g->temperature = 1;
+    g->top_p = 1;
+    if (get_bool(j, path, "", "do_sample", &g->do_sample, err, errlen) ||
+        get_num(j, path, "", "temperature", 0, 100, &g->temperature, err, errlen) ||
+        get_num(j, path, "", "top_p", 0, 1, &g->top_p, err, errlen) ||
+        get_num(j, path, "", "min_p", 0, 1, &g->min_p, err, errlen) ||
+        get_int(j, path, "", "top_k", 0, 1 << 30, 0, &g->top_k, err, errlen))
+        return -1;
+    if (g->top_p <= 0) {
+        snprintf(err, errlen, "%s: field 'top_p': expected a number in (0, 1], found 0", path);
+        return -1;
+    }
+    return read_eos(c, j, path, err, errlen);
 }
 
 int config_load_generation(Config *c, GenDefaults *g, const char *dir, char *err, size_t errlen) {
@@ -165,30 +272,11 @@ int config_load_generation(Config *c, GenDefaults *g, const char *dir, char *err
     struct stat st;
     memset(g, 0, sizeof *g);
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    if (stat(path, &st) != 0) return 0;
-    Json *j = json_parse_file(path, err, errlen);
+    /* optional: absent is fine, anything else there must be a good file */
+    if (stat(path, &st) != 0 && errno == ENOENT) return 0;
+    Json *j = json_parse_file(path, CFG_MAX_BYTES, err, errlen);
     if (!j) return -1;
-    int rc = -1;
-    long v;
-    if (j->type != JSON_OBJECT) {
-        snprintf(err, errlen, "%s: expected a JSON object, found %s", path, json_type_name(j->type));
-        goto done;
-    }
-    g->present = 1;
-    g->temperature = 1;
-    g->top_p = 1;
-    json_get_bool(j, "do_sample", &g->do_sample);
-    json_get_num(j, "temperature", &g->temperature);
-    json_get_num(j, "top_p", &g->top_p);
-    json_get_num(j, "min_p", &g->min_p);
-    if (json_get_int(j, "top_k", 0, 1L << 30, &v)) g->top_k = (int)v;
-    if (g->temperature < 0 || g->top_p <= 0 || g->top_p > 1 || g->min_p < 0 || g->min_p > 1) {
-        snprintf(err, errlen, "%s: sampling defaults out of range (temperature >= 0, top_p in (0,1], min_p in [0,1])", path);
-        goto done;
-    }
-    if (read_eos(c, j, path, err, errlen)) goto done;
-    rc = 0;
-done:
+    int rc = config_parse_generation(c, g, j, path, err, errlen);
     json_free(j);
     return rc;
 }

@@ -38,10 +38,18 @@ typedef struct {
     int top_k;
 } GenDefaults;
 
+/* A config file bigger than this is not a config (Qwen3's are 1 KB). */
+#define CFG_MAX_BYTES (4u << 20)
+
+typedef struct Json Json;
+
 /* Reads dir/config.json. 0 ok, -1 with one line in err. */
 int config_load(Config *c, const char *dir, char *err, size_t errlen);
+/* The same from its parsed tree; path names it in error lines. */
+int config_parse(Config *c, const Json *j, const char *path, char *err, size_t errlen);
 /* Reads dir/generation_config.json when present (adds its eos ids to c).
  * Absent file: g->present = 0 and returns 0. Malformed: -1. */
 int config_load_generation(Config *c, GenDefaults *g, const char *dir, char *err, size_t errlen);
+int config_parse_generation(Config *c, GenDefaults *g, const Json *j, const char *path, char *err, size_t errlen);
 
 #endif

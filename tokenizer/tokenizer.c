@@ -16,8 +16,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "format/file.h"
 #include "format/json.h"
+#include "format/quote.h"
 #include "tokenizer/unicode.h"
 
 /* The only pre-tokenizer regex this file implements (tokenizer.json spelling). */
@@ -39,31 +42,12 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
     return -1;
 }
 
-/* Quotes s for an error line: control bytes, '"' and '\' escaped as \xNN, cut
- * after about 40 bytes at a character boundary. buf: 200 bytes. */
-static const char *show(const char *s, size_t n, char *buf) {
-    size_t o = 0;
-    buf[o++] = '"';
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (o > 40 && (c & 0xC0) != 0x80) {
-            memcpy(buf + o, "...", 3);
-            o += 3;
-            break;
-        }
-        if (c < 0x20 || c == '"' || c == '\\' || c == 0x7F) o += (size_t)snprintf(buf + o, 8, "\\x%02X", c);
-        else buf[o++] = (char)c;
-    }
-    buf[o++] = '"';
-    buf[o] = 0;
-    return buf;
-}
-
-/* What was found instead of the expected value, for error lines. buf: 200 bytes. */
+/* What was found instead of the expected value, for error lines. buf:
+ * QUOTE_BUF bytes (strings are quoted, format/quote.h). */
 static const char *found(const Json *v, char *buf) {
     if (!v) return "nothing";
-    if (v->type == JSON_NUMBER) { snprintf(buf, 200, "%.15g", v->number); return buf; }
-    if (v->type == JSON_STRING) return show(v->str, v->len, buf);
+    if (v->type == JSON_NUMBER) { snprintf(buf, QUOTE_BUF, "%.15g", v->number); return buf; }
+    if (v->type == JSON_STRING) return quote(v->str, v->len, buf, QUOTE_BUF);
     return json_type_name(v->type);
 }
 
@@ -193,7 +177,7 @@ static long read_id(const Json *v) {
 
 /* Checks the normalizer and pre-tokenizer are the Qwen2 ones this file implements. */
 static int check_pipeline(Tokenizer *t, const Json *root, const char *path, char *err, size_t errlen) {
-    char b1[200];
+    char b1[QUOTE_BUF];
     /* normalizer: absent/null means none, NFC is the Qwen one, anything else
      * would silently change ids, so it is refused */
     const Json *norm = json_get(root, "normalizer");
@@ -234,7 +218,7 @@ static int check_pipeline(Tokenizer *t, const Json *root, const char *path, char
         if (ty && !strcmp(ty, "Split")) why = " with another regex or behavior";
         else if (use_regex) why = " with use_regex";
         return fail(err, errlen, "%s: pre_tokenizer: expected the Qwen2 regex Split (Isolated) and ByteLevel "
-                    "(use_regex false), found %s%s", path, ty ? ty : found(p, b1), why);
+                    "(use_regex false), found %s%s", path, found(ty ? json_get(p, "type") : p, b1), why);
     }
     if (!have_split)
         return fail(err, errlen, "%s: pre_tokenizer: expected the Qwen2 regex Split, found %s", path,
@@ -254,7 +238,7 @@ static int cmp_added(const void *a, const void *b) {
 
 /* Fills pieces, arena and hashes from the vocab and added tokens. */
 static int load_tokens(Tokenizer *t, const Json *vocab, const Json *added, const char *path, char *err, size_t errlen) {
-    char b1[200], b2[200];
+    char b1[QUOTE_BUF], b2[QUOTE_BUF];
     /* pass 1: validate ids and size everything; ids are unique and below
      * TOK_MAX_ID, so more entries than that cannot all be valid */
     long max_id = -1;
@@ -266,7 +250,7 @@ static int load_tokens(Tokenizer *t, const Json *vocab, const Json *added, const
         long id = read_id(&vocab->items[i]);
         if (id < 0)
             return fail(err, errlen, "%s: model.vocab[%s]: expected an integer id in [0, %d), found %s", path,
-                        show(vocab->keys[i], vocab->key_lens[i], b1), TOK_MAX_ID, found(&vocab->items[i], b2));
+                        quote(vocab->keys[i], vocab->key_lens[i], b1, sizeof b1), TOK_MAX_ID, found(&vocab->items[i], b2));
         if (vocab->key_lens[i] == 0)
             return fail(err, errlen, "%s: model.vocab: expected non-empty keys, found \"\"", path);
         if (id > max_id) max_id = id;
@@ -308,15 +292,15 @@ static int load_tokens(Tokenizer *t, const Json *vocab, const Json *added, const
         long n = bl_decode(vocab->keys[i], vocab->key_lens[i], t->bytes + off, &bad);
         if (n < 0)
             return fail(err, errlen, "%s: model.vocab[%s]: expected GPT-2 byte-level characters, found U+%04X", path,
-                        show(vocab->keys[i], vocab->key_lens[i], b1), (unsigned)bad);
+                        quote(vocab->keys[i], vocab->key_lens[i], b1, sizeof b1), (unsigned)bad);
         if (t->pieces[id].len)
             return fail(err, errlen, "%s: model.vocab[%s]: expected a unique id, found %d, already used", path,
-                        show(vocab->keys[i], vocab->key_lens[i], b1), (int)id);
+                        quote(vocab->keys[i], vocab->key_lens[i], b1, sizeof b1), (int)id);
         t->pieces[id] = (TokPiece){(uint32_t)off, (uint32_t)n};
         off += (size_t)n;
         if (vocab_insert(t, id))
             return fail(err, errlen, "%s: model.vocab: expected unique keys, found %s twice", path,
-                        show(vocab->keys[i], vocab->key_lens[i], b1));
+                        quote(vocab->keys[i], vocab->key_lens[i], b1, sizeof b1));
         if ((size_t)n > t->max_piece) t->max_piece = (size_t)n;
     }
     /* BPE starts from one symbol per byte, so all 256 must exist */
@@ -337,7 +321,7 @@ static int load_tokens(Tokenizer *t, const Json *vocab, const Json *added, const
         if (pc->len && (pc->len != c->len || memcmp(t->bytes + pc->off, c->str, c->len) != 0))
             return fail(err, errlen,
                         "%s: added_tokens[%zu]: expected id %d to be free or to spell %s, found it used by %s", path, i,
-                        (int)id, show(c->str, c->len, b1), show(t->bytes + pc->off, pc->len, b2));
+                        (int)id, quote(c->str, c->len, b1, sizeof b1), quote(t->bytes + pc->off, pc->len, b2, sizeof b2));
         if (!pc->len) { /* not in the vocab: its content joins the arena */
             memcpy(t->bytes + off, c->str, c->len);
             *pc = (TokPiece){(uint32_t)off, (uint32_t)c->len};
@@ -362,7 +346,7 @@ static int load_tokens(Tokenizer *t, const Json *vocab, const Json *added, const
         t->added[i] = srt[i].id;
         if (i > 0 && rc == 0 && cmp_added(&srt[i - 1], &srt[i]) == 0)
             rc = fail(err, errlen, "%s: added_tokens: expected unique contents, found %s twice", path,
-                      show(srt[i].p, srt[i].len, b1));
+                      quote(srt[i].p, srt[i].len, b1, sizeof b1));
     }
     free(srt);
     return rc;
@@ -370,7 +354,7 @@ static int load_tokens(Tokenizer *t, const Json *vocab, const Json *added, const
 
 /* Reads model.merges: "left right" strings or ["left", "right"] pairs, rank = index. */
 static int load_merges(Tokenizer *t, const Json *merges, const char *path, char *err, size_t errlen) {
-    char b1[200], b2[200];
+    char b1[QUOTE_BUF], b2[QUOTE_BUF];
     if (merges->len > TOK_MAX_ID)
         return fail(err, errlen, "%s: model.merges: expected at most %d entries, found %zu", path, TOK_MAX_ID,
                     merges->len);
@@ -430,11 +414,11 @@ static int load_merges(Tokenizer *t, const Json *merges, const char *path, char 
         }
         if (raw[1] < 0)
             rc = fail(err, errlen, "%s: model.merges[%zu] (%s %s): expected GPT-2 byte-level characters, found U+%04X",
-                      path, i, show(parts[0], lens[0], b1), show(parts[1], lens[1], b2), (unsigned)bad);
+                      path, i, quote(parts[0], lens[0], b1, sizeof b1), quote(parts[1], lens[1], b2, sizeof b2), (unsigned)bad);
         for (int k = 0; k < 3 && rc == 0; k++) {
             if (ids[k] >= 0) continue;
             rc = fail(err, errlen, "%s: model.merges[%zu] (%s %s): expected its %s in model.vocab, found none", path, i,
-                      show(parts[0], lens[0], b1), show(parts[1], lens[1], b2),
+                      quote(parts[0], lens[0], b1, sizeof b1), quote(parts[1], lens[1], b2, sizeof b2),
                       k == 0 ? "left part" : k == 1 ? "right part" : "merged token");
         }
         if (rc == 0) merge_insert(t, ids[0], ids[1], (int32_t)i, ids[2]);
@@ -446,7 +430,7 @@ static int load_merges(Tokenizer *t, const Json *merges, const char *path, char 
 /* tokenizer_config.json's eos_token / pad_token: a string, {"content": ...} or null. */
 static int config_token(Tokenizer *t, const Json *cfg, const char *key, int *out, const char *path, char *err,
                         size_t errlen) {
-    char b1[200];
+    char b1[QUOTE_BUF];
     const Json *v = json_get(cfg, key);
     if (v && v->type == JSON_OBJECT) v = json_get(v, "content");
     if (!v || v->type == JSON_NULL) return 0;
@@ -458,57 +442,81 @@ static int config_token(Tokenizer *t, const Json *cfg, const char *key, int *out
     return 0;
 }
 
-/* Load order: parse, check the top-level shapes, the pipeline, then tokens
- * (vocab + added, which merges refer to) and merges; the JSON tree is freed
- * before the optional config, whose tokens are looked up in the result. */
-int tok_init(Tokenizer *t, const char *dir, char *err, size_t errlen) {
-    char b1[200];
-    memset(t, 0, sizeof *t);
-    t->eos_id = t->pad_id = -1;
-    char path[4096];
-    if ((size_t)snprintf(path, sizeof path, "%s/tokenizer.json", dir) >= sizeof path)
-        return fail(err, errlen, "%s: expected a shorter directory name", dir);
-    Json *root = json_parse_file(path, err, errlen);
-    if (!root) return -1;
+/* tokenizer.json's tree into t. Order: the top-level shapes, the pipeline,
+ * then tokens (vocab + added, which merges refer to) and merges. */
+static int load_json(Tokenizer *t, const Json *root, const char *path, char *err, size_t errlen) {
+    char b1[QUOTE_BUF];
     const Json *model = json_get(root, "model");
     const Json *vocab = json_get(model, "vocab"), *merges = json_get(model, "merges");
     const Json *added = json_get(root, "added_tokens");
     const char *mtype = json_get_str(model, "type");
-    int rc = 0;
     if (!model || model->type != JSON_OBJECT)
-        rc = fail(err, errlen, "%s: model: expected an object, found %s", path,
-                  root->type == JSON_OBJECT ? found(model, b1) : "no top-level object");
-    else if (json_get(model, "type") && (!mtype || strcmp(mtype, "BPE") != 0))
-        rc = fail(err, errlen, "%s: model.type: expected \"BPE\", found %s", path, found(json_get(model, "type"), b1));
-    else if (!vocab || vocab->type != JSON_OBJECT)
-        rc = fail(err, errlen, "%s: model.vocab: expected an object, found %s", path, found(vocab, b1));
-    else if (!merges || merges->type != JSON_ARRAY)
-        rc = fail(err, errlen, "%s: model.merges: expected an array, found %s", path, found(merges, b1));
-    else if (added && added->type != JSON_ARRAY && added->type != JSON_NULL)
-        rc = fail(err, errlen, "%s: added_tokens: expected an array, found %s", path, found(added, b1));
-    if (rc == 0) rc = check_pipeline(t, root, path, err, errlen);
-    if (rc == 0) rc = load_tokens(t, vocab, added && added->type == JSON_ARRAY ? added : NULL, path, err, errlen);
-    if (rc == 0) rc = load_merges(t, merges, path, err, errlen);
+        return fail(err, errlen, "%s: model: expected an object, found %s", path,
+                    root->type == JSON_OBJECT ? found(model, b1) : "no top-level object");
+    if (json_get(model, "type") && (!mtype || strcmp(mtype, "BPE") != 0))
+        return fail(err, errlen, "%s: model.type: expected \"BPE\", found %s", path, found(json_get(model, "type"), b1));
+    if (!vocab || vocab->type != JSON_OBJECT)
+        return fail(err, errlen, "%s: model.vocab: expected an object, found %s", path, found(vocab, b1));
+    if (!merges || merges->type != JSON_ARRAY)
+        return fail(err, errlen, "%s: model.merges: expected an array, found %s", path, found(merges, b1));
+    if (added && added->type != JSON_ARRAY && added->type != JSON_NULL)
+        return fail(err, errlen, "%s: added_tokens: expected an array, found %s", path, found(added, b1));
+    if (check_pipeline(t, root, path, err, errlen) ||
+        load_tokens(t, vocab, added && added->type == JSON_ARRAY ? added : NULL, path, err, errlen) ||
+        load_merges(t, merges, path, err, errlen))
+        return -1;
     const Json *ign = json_get(model, "ignore_merges");
-    if (rc == 0 && ign && ign->type != JSON_NULL && !json_get_bool(model, "ignore_merges", &t->ignore_merges))
-        rc = fail(err, errlen, "%s: model.ignore_merges: expected true or false, found %s", path, found(ign, b1));
-    json_free(root);
+    if (ign && ign->type != JSON_NULL && !json_get_bool(model, "ignore_merges", &t->ignore_merges))
+        return fail(err, errlen, "%s: model.ignore_merges: expected true or false, found %s", path, found(ign, b1));
+    return 0;
+}
 
-    /* tokenizer_config.json is optional; when present it must be well formed */
-    if (rc == 0 && (size_t)snprintf(path, sizeof path, "%s/tokenizer_config.json", dir) < sizeof path) {
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            fclose(f);
-            Json *cfg = json_parse_file(path, err, errlen);
-            if (!cfg) rc = -1;
-            if (rc == 0) rc = config_token(t, cfg, "eos_token", &t->eos_id, path, err, errlen);
-            if (rc == 0) rc = config_token(t, cfg, "pad_token", &t->pad_id, path, err, errlen);
-            json_free(cfg);
-        } else if (errno != ENOENT) {
-            rc = fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        }
+/* Parses n bytes of JSON named path; NULL with one line in err. */
+static Json *parse(const char *text, size_t n, const char *path, char *err, size_t errlen) {
+    char perr[200];
+    Json *j = json_parse(text, n, perr, sizeof perr);
+    if (!j) fail(err, errlen, "%s: malformed JSON: %s", path, perr);
+    return j;
+}
+
+int tok_load(Tokenizer *t, const char *json, size_t n, const char *path, const char *cfg, size_t cfg_n,
+             const char *cfg_path, char *err, size_t errlen) {
+    memset(t, 0, sizeof *t);
+    t->eos_id = t->pad_id = -1;
+    Json *root = parse(json, n, path, err, errlen);
+    int rc = root ? load_json(t, root, path, err, errlen) : -1;
+    /* the tree goes before the config's is made: peak memory is one tree */
+    json_free(root);
+    if (rc == 0 && cfg) {
+        Json *c = parse(cfg, cfg_n, cfg_path, err, errlen);
+        rc = c ? 0 : -1;
+        if (rc == 0) rc = config_token(t, c, "eos_token", &t->eos_id, cfg_path, err, errlen);
+        if (rc == 0) rc = config_token(t, c, "pad_token", &t->pad_id, cfg_path, err, errlen);
+        json_free(c);
     }
     if (rc) tok_free(t);
+    return rc;
+}
+
+int tok_init(Tokenizer *t, const char *dir, char *err, size_t errlen) {
+    memset(t, 0, sizeof *t);
+    t->eos_id = t->pad_id = -1;
+    char path[4096], cpath[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/tokenizer.json", dir) >= sizeof path ||
+        (size_t)snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir) >= sizeof cpath)
+        return fail(err, errlen, "%s: expected a shorter directory name", dir);
+    size_t n, cn = 0;
+    char *json = file_read(path, TOK_MAX_JSON, &n, err, errlen), *cfg = NULL;
+    if (!json) return -1;
+    /* tokenizer_config.json is optional; when present it must be well formed */
+    struct stat st;
+    if (stat(cpath, &st) == 0 || errno != ENOENT) {
+        cfg = file_read(cpath, TOK_MAX_CONFIG, &cn, err, errlen);
+        if (!cfg) { free(json); return -1; }
+    }
+    int rc = tok_load(t, json, n, path, cfg, cn, cpath, err, errlen);
+    free(json);
+    free(cfg);
     return rc;
 }
 

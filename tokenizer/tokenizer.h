@@ -51,10 +51,20 @@ typedef struct Tokenizer {
     int eos_id, pad_id;    /* from tokenizer_config.json eos_token / pad_token, -1 if absent */
 } Tokenizer;
 
+/* Size caps on the files read (format/file.h): Qwen3's tokenizer.json is
+ * 11 MB, its tokenizer_config.json 10 KB. */
+#define TOK_MAX_JSON (256u << 20)
+#define TOK_MAX_CONFIG (16u << 20)
+
 /* Loads dir/tokenizer.json (+ dir/tokenizer_config.json if present). Returns 0,
  * or -1 with one line in err naming the file and field, what was expected and
  * what was found; *t is then left empty (tok_free is safe but not needed). */
 int tok_init(Tokenizer *t, const char *dir, char *err, size_t errlen);
+/* The same from the files' text in memory: json[0 .. n) is tokenizer.json's,
+ * cfg[0 .. cfg_n) tokenizer_config.json's or NULL; path and cfg_path name
+ * them in error lines. */
+int tok_load(Tokenizer *t, const char *json, size_t n, const char *path, const char *cfg, size_t cfg_n,
+             const char *cfg_path, char *err, size_t errlen);
 void tok_free(Tokenizer *t);
 
 /* Encodes n bytes of UTF-8 text into at most cap ids; returns the count, or -1
