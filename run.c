@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "eval/compare.h"
+#include "format/file.h"
 #include "model/model.h"
 #include "sample/sampler.h"
 #include "spec/spec.h"
@@ -102,8 +103,19 @@ static int usage_error(const char *fmt, ...) {
     return 2;
 }
 
+/* Numbers on the command line are digits only: strtol and strtof would
+ * also take leading blanks, a sign, "nan" or hex, so " -1" could slip past
+ * a check of the first character. Every numeric flag is >= 0. */
+static int is_number(const char *s) {
+    if (!(*s >= '0' && *s <= '9') && !(*s == '.' && s[1] >= '0' && s[1] <= '9')) return 0;
+    for (; *s; s++)
+        if (!((*s >= '0' && *s <= '9') || *s == '.' || *s == 'e' || *s == 'E' || *s == '-' || *s == '+')) return 0;
+    return 1;
+}
+
 static int parse_int(const char *s, long lo, long hi, long *out) {
     char *end;
+    if (!is_number(s)) return -1;
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi) return -1;
@@ -113,6 +125,7 @@ static int parse_int(const char *s, long lo, long hi, long *out) {
 
 static int parse_float(const char *s, float lo, float hi, float *out) {
     char *end;
+    if (!is_number(s)) return -1;
     errno = 0;
     float v = strtof(s, &end);
     if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
@@ -175,7 +188,7 @@ static int parse_args(int argc, char **argv, Args *a) {
             char *end;
             errno = 0;
             a->seed = strtoull(v, &end, 10);
-            if (errno || end == v || *end || v[0] == '-') return usage_error("-s: expected a seed >= 0, found '%s'", v);
+            if (errno || end == v || *end || !is_number(v)) return usage_error("-s: expected a seed >= 0, found '%s'", v);
             a->set_seed = 1;
         } else if (strcmp(f, "-t") == 0) {
             if (parse_float(v, 0, 100, &a->temp)) return usage_error("-t: expected a temperature in [0, 100], found '%s'", v);
@@ -209,26 +222,15 @@ static double now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Reads a whole file; NULL with a message on stderr. */
+/* A prompt file may be a pipe or /dev/stdin, so any readable file is taken,
+ * up to this size: 64 MiB of text is over 10 M tokens, past any context. */
+#define MAX_PROMPT_BYTES (64u << 20)
+
+/* Reads a whole prompt file; NULL with a message on stderr. */
 static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "error: %s: cannot open: %s\n", path, strerror(errno)); return NULL; }
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap + 1);
-    while (buf && (r = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap) {
-            char *nb = realloc(buf, 2 * cap + 1);
-            if (!nb) { free(buf); buf = NULL; break; }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) { free(buf); fprintf(stderr, "error: %s: read failed\n", path); return NULL; }
-    buf[n] = 0;
-    *len = n;
+    char err[600];
+    char *buf = file_read_any(path, MAX_PROMPT_BYTES, len, err, sizeof err);
+    if (!buf) fprintf(stderr, "error: -f %s\n", err);
     return buf;
 }
 
@@ -564,7 +566,13 @@ int main(int argc, char **argv) {
     int n_gen = a.set_n ? a.n : 64;
     int ctx = a.ctx ? a.ctx : is_ppl ? 512 : is_logits || is_kvstats ? (n_ids > 0 ? n_ids : 1)
                             : is_compare ? n_ids + n_gen : 4096;
-    if (!a.ctx && ctx > m.cfg.max_pos) ctx = m.cfg.max_pos;
+    /* no mode runs past the positions the model was trained for */
+    if (ctx > m.cfg.max_pos) {
+        if (a.ctx)
+            fprintf(stderr, "warning: -c %d is above the model's %d positions (max_position_embeddings): using %d\n",
+                    ctx, m.cfg.max_pos, m.cfg.max_pos);
+        ctx = m.cfg.max_pos;
+    }
     if (rc == 0 && (is_logits || is_kvstats) && n_ids > ctx) {
         fprintf(stderr, "error: prompt of %d tokens does not fit the context of %d (raise -c)\n", n_ids, ctx);
         rc = 1;

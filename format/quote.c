@@ -32,8 +32,10 @@ const char *quote(const char *s, size_t n, char *buf, size_t size) {
     buf[o++] = '"';
     for (size_t i = 0; i < n;) {
         size_t len = utf8_len(u + i, n - i);
+        /* C1 controls (U+0080..U+009F) are escapes to a terminal too */
+        int c1 = len == 2 && u[i] == 0xC2 && u[i + 1] < 0xA0;
         int esc = len == 0 || u[i] < 0x20 || u[i] == '"' || u[i] == '\\' || u[i] == 0x7F;
-        size_t need = esc ? 4 : len;
+        size_t need = esc ? 4 : c1 ? 6 : len;
         if (o + need > limit) {
             memcpy(buf + o, "...", 3);
             o += 3;
@@ -42,6 +44,10 @@ const char *quote(const char *s, size_t n, char *buf, size_t size) {
         if (esc) {
             buf[o++] = '\\', buf[o++] = 'x', buf[o++] = hex[u[i] >> 4], buf[o++] = hex[u[i] & 15];
             i++;
+        } else if (c1) {
+            memcpy(buf + o, "\\u00", 4);
+            buf[o + 4] = hex[u[i + 1] >> 4], buf[o + 5] = hex[u[i + 1] & 15];
+            o += 6, i += 2;
         } else {
             memcpy(buf + o, u + i, len);
             o += len, i += len;

@@ -5,7 +5,8 @@
  * The result is always one line of valid UTF-8 that fits the buffer:
  *
  *   "model.layers.0\x0Aq_proj" ...  control bytes, '"', '\' and bytes that
- *                                   are not UTF-8 become \xNN
+ *                                   are not UTF-8 become \xNN, C1 controls
+ *                                   (U+0080..U+009F) \u00NN
  *   "ĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠĠ..."      cut at a character boundary, marked ...
  *
  * The cut is by output bytes, so no input (a run of continuation bytes, a

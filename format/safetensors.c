@@ -3,6 +3,7 @@
 #include "format/safetensors.h"
 #include "format/file.h"
 #include "format/json.h"
+#include "format/quote.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -37,7 +38,8 @@ static uint64_t hash_name(const char *s) {
 
 static int add_tensor(TensorStore *ts, STensor *t, char *err, size_t errlen) {
     if (st_find(ts, t->name)) {
-        snprintf(err, errlen, "%s: tensor '%s' appears twice", ts->files[t->file].path, t->name);
+        char q[QUOTE_BUF];
+        snprintf(err, errlen, "%s: tensor %s appears twice", ts->files[t->file].path, quote_str(t->name, q, sizeof q));
         return -1;
     }
     /* keep the table at most half full */
@@ -86,20 +88,24 @@ static int cmp_span(const void *a, const void *b) {
 /* Parses one header entry into t (name already set); data is the start of the data section. */
 static int parse_entry(const char *path, const char *name, const Json *e, const uint8_t *data, size_t data_size,
                        STensor *t, size_t *b_out, char *err, size_t errlen) {
+    char qn[QUOTE_BUF], qd[QUOTE_BUF];
     const char *dt = json_get_str(e, "dtype");
+    /* every line below names the tensor as the header spells it, quoted */
+    name = quote_str(name, qn, sizeof qn);
     const Json *shape = json_get(e, "shape"), *offs = json_get(e, "data_offsets");
     if (!dt || !shape || shape->type != JSON_ARRAY || !offs || offs->type != JSON_ARRAY || offs->len != 2) {
-        snprintf(err, errlen, "%s: tensor '%s': expected {dtype, shape, data_offsets[2]} in the header", path, name);
+        snprintf(err, errlen, "%s: tensor %s: expected {dtype, shape, data_offsets[2]} in the header", path, name);
         return -1;
     }
     size_t es = dtype_bytes(dt);
     if (!es || strlen(dt) >= sizeof t->dtype) {
-        snprintf(err, errlen, "%s: tensor '%s': unknown dtype '%.20s'", path, name, dt);
+        snprintf(err, errlen, "%s: tensor %s: unknown dtype %s", path, name, quote_str(dt, qd, sizeof qd));
         return -1;
     }
     strcpy(t->dtype, dt);
     if (shape->len > ST_MAX_DIMS) {
-        snprintf(err, errlen, "%s: tensor '%s': expected at most %d dims, found %zu", path, name, ST_MAX_DIMS, shape->len);
+        snprintf(err, errlen, "%s: tensor %s: expected at most %d dims, found %zu", path, name, ST_MAX_DIMS,
+                 shape->len);
         return -1;
     }
     t->ndim = (int)shape->len;
@@ -107,12 +113,12 @@ static int parse_entry(const char *path, const char *name, const Json *e, const 
     for (int i = 0; i < t->ndim; i++) {
         const Json *s = json_at(shape, (size_t)i);
         if (s->type != JSON_NUMBER || s->number < 0 || s->number > 1e15 || s->number != (double)(int64_t)s->number) {
-            snprintf(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, i);
+            snprintf(err, errlen, "%s: tensor %s: shape[%d] is not a non-negative integer", path, name, i);
             return -1;
         }
         t->shape[i] = (int64_t)s->number;
         if (t->shape[i] && numel > SIZE_MAX / (size_t)t->shape[i]) {
-            snprintf(err, errlen, "%s: tensor '%s': shape overflows", path, name);
+            snprintf(err, errlen, "%s: tensor %s: shape overflows", path, name);
             return -1;
         }
         numel *= (size_t)t->shape[i];
@@ -120,13 +126,13 @@ static int parse_entry(const char *path, const char *name, const Json *e, const 
     double b = json_at(offs, 0)->type == JSON_NUMBER ? json_at(offs, 0)->number : -1;
     double en = json_at(offs, 1)->type == JSON_NUMBER ? json_at(offs, 1)->number : -1;
     if (b < 0 || en < b || en > (double)data_size || b != (double)(size_t)b || en != (double)(size_t)en) {
-        snprintf(err, errlen, "%s: tensor '%s': data_offsets [%.0f, %.0f) outside the data section of %zu bytes "
+        snprintf(err, errlen, "%s: tensor %s: data_offsets [%.0f, %.0f) outside the data section of %zu bytes "
                  "(truncated file?)", path, name, b, en, data_size);
         return -1;
     }
     t->nbytes = (size_t)en - (size_t)b;
     if (numel > SIZE_MAX / es || t->nbytes != numel * es) {
-        snprintf(err, errlen, "%s: tensor '%s': expected %zu bytes for its shape and dtype, data_offsets give %zu",
+        snprintf(err, errlen, "%s: tensor %s: expected %zu bytes for its shape and dtype, data_offsets give %zu",
                  path, name, numel * es, t->nbytes);
         return -1;
     }
@@ -147,8 +153,9 @@ static int check_coverage(const char *path, Span *spans, int ns, size_t data_siz
     const char *prev = NULL; /* the last tensor with bytes, which ends at `at` */
     for (int i = 0; i < ns; i++) {
         if (spans[i].begin < at) {
-            snprintf(err, errlen, "%s: tensors '%s' and '%s' overlap in the data section", path, prev,
-                     spans[i].name);
+            char q1[QUOTE_BUF], q2[QUOTE_BUF];
+            snprintf(err, errlen, "%s: tensors %s and %s overlap in the data section", path,
+                     quote_str(prev, q1, sizeof q1), quote_str(spans[i].name, q2, sizeof q2));
             return -1;
         }
         if (spans[i].begin > at) {
@@ -184,6 +191,7 @@ static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen)
     ts->files = nf;
     int fi = ts->n_files++;
     ts->files[fi] = (STFile){.path = strdup(path), .map = map, .size = size};
+    if (!ts->files[fi].path) { snprintf(err, errlen, "out of memory"); return -1; }
 
     const uint8_t *bytes = map;
     uint64_t hlen = 0;
@@ -215,20 +223,23 @@ static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen)
         size_t b;
         t.file = fi;
         if (h->items[i].type != JSON_OBJECT || strlen(h->keys[i]) != h->key_lens[i]) {
-            snprintf(err, errlen, "%s: header entry '%.80s' is not a tensor description", path, h->keys[i]);
+            char q[QUOTE_BUF];
+            snprintf(err, errlen, "%s: header entry %s is not a tensor description", path,
+                     quote(h->keys[i], h->key_lens[i], q, sizeof q));
             rc = -1;
             break;
         }
         rc = parse_entry(path, h->keys[i], &h->items[i], data, data_size, &t, &b, err, errlen);
         if (rc) break;
         t.name = strdup(h->keys[i]);
+        if (!t.name) { snprintf(err, errlen, "out of memory"); rc = -1; break; }
         /* Unaligned data would make 16/32-bit loads undefined: copy those once. */
         size_t es = dtype_bytes(t.dtype);
         if (((uintptr_t)t.data % es) != 0 && t.nbytes) {
             void *c = aligned_alloc(64, (t.nbytes + 63) & ~(size_t)63);
             void **nc = realloc(ts->copies, (size_t)(ts->n_copies + 1) * sizeof(void *));
+            if (nc) ts->copies = nc;
             if (!c || !nc) { free(c); free(t.name); snprintf(err, errlen, "out of memory"); rc = -1; break; }
-            ts->copies = nc;
             memcpy(c, t.data, t.nbytes);
             ts->copies[ts->n_copies++] = c;
             t.data = c;
@@ -256,6 +267,7 @@ static char *join(const char *dir, const char *name) {
 }
 
 static int open_index(TensorStore *ts, const char *dir, const char *index_path, char *err, size_t errlen) {
+    char q1[QUOTE_BUF], q2[QUOTE_BUF];
     Json *idx = json_parse_file(index_path, ST_MAX_INDEX, err, errlen);
     if (!idx) return -1;
     const Json *wm = json_get(idx, "weight_map");
@@ -268,8 +280,8 @@ static int open_index(TensorStore *ts, const char *dir, const char *index_path, 
     for (size_t i = 0; rc == 0 && i < wm->len; i++) {
         const Json *f = &wm->items[i];
         if (f->type != JSON_STRING || f->len == 0 || strchr(f->str, '/') || strlen(f->str) != f->len) {
-            snprintf(err, errlen, "%s: weight_map['%.80s']: expected a file name in the same directory", index_path,
-                     wm->keys[i]);
+            snprintf(err, errlen, "%s: weight_map[%s]: expected a file name in the same directory", index_path,
+                     quote(wm->keys[i], wm->key_lens[i], q1, sizeof q1));
             rc = -1;
             break;
         }
@@ -282,7 +294,8 @@ static int open_index(TensorStore *ts, const char *dir, const char *index_path, 
         char *path = join(dir, f->str);
         struct stat st;
         if (stat(path, &st) != 0) {
-            snprintf(err, errlen, "%s: names shard '%s', which is missing", index_path, f->str);
+            snprintf(err, errlen, "%s: names shard %s, which is missing", index_path,
+                     quote(f->str, f->len, q1, sizeof q1));
             rc = -1;
         } else
             rc = open_one(ts, path, err, errlen);
@@ -293,8 +306,9 @@ static int open_index(TensorStore *ts, const char *dir, const char *index_path, 
         const STensor *t = st_find(ts, wm->keys[i]);
         const char *base = t ? strrchr(ts->files[t->file].path, '/') : NULL;
         if (!t || strcmp(base ? base + 1 : ts->files[t->file].path, wm->items[i].str) != 0) {
-            snprintf(err, errlen, "%s: tensor '%s' should be in '%s' but is not there", index_path, wm->keys[i],
-                     wm->items[i].str);
+            snprintf(err, errlen, "%s: tensor %s should be in %s but is not there", index_path,
+                     quote(wm->keys[i], wm->key_lens[i], q1, sizeof q1), quote(wm->items[i].str, wm->items[i].len, q2,
+                                                                               sizeof q2));
             rc = -1;
         }
     }

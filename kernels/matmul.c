@@ -142,17 +142,25 @@ int weight_quantize_q8(const Weight *src, Weight *dst) {
     int8_t *q = aligned_alloc(64, ((codes + nb * sizeof(float)) + 63) & ~(size_t)63);
     if (!q) return -1;
     float *d = (float *)(q + codes);
-#pragma omp parallel for schedule(static)
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad)
     for (size_t b = 0; b < nb; b++) {
         float v[32], amax = 0;
         for (int j = 0; j < 32; j++) {
             v[j] = wval(src, b * 32 + j);
             amax = fmaxf(amax, fabsf(v[j]));
+            bad |= !isfinite(v[j]);
         }
-        /* ggml quantize_row_q8_0_ref: q = round(w / d) via the reciprocal */
-        const float s = amax / 127.0f, id = s > 0 ? 1.0f / s : 0.0f;
+        /* ggml quantize_row_q8_0_ref: q = round(w / d) via the reciprocal;
+         * a NaN or an infinity has no code (converting it to int8 is
+         * undefined), so its block is left for the caller to refuse */
+        const float s = amax / 127.0f, id = s > 0 && isfinite(s) ? 1.0f / s : 0.0f;
         d[b] = s;
-        for (int j = 0; j < 32; j++) q[b * 32 + j] = (int8_t)roundf(v[j] * id);
+        for (int j = 0; j < 32; j++) q[b * 32 + j] = isfinite(v[j]) ? (int8_t)roundf(v[j] * id) : 0;
+    }
+    if (bad) {
+        free(q);
+        return -2;
     }
     *dst = (Weight){.data = q, .scale = d, .dtype = DT_Q8, .rows = rows, .cols = cols};
     return 0;
@@ -163,7 +171,9 @@ int weight_quantize_q8(const Weight *src, Weight *dst) {
 int weight_quantize_q8i(const Weight *src, Weight *dst) {
     const int rows = src->rows, cols = src->cols, nb = cols / 32;
     Weight q;
-    if (rows <= 0 || rows % 16 || weight_quantize_q8(src, &q)) return -1;
+    if (rows <= 0 || rows % 16) return -1;
+    const int rc = weight_quantize_q8(src, &q);
+    if (rc) return rc;
     const size_t n = (size_t)rows * cols, codes = (n + 63) & ~(size_t)63;
     uint8_t *c = aligned_alloc(64, ((codes + n / 32 * sizeof(float)) + 63) & ~(size_t)63);
     if (!c) {

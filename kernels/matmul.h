@@ -61,12 +61,13 @@ typedef struct {
 } Weight;
 
 /* dst = src quantized to DT_Q8 (8.0 + 1.0 bits per weight). 0 ok; -1 when
- * cols is not a multiple of 32, rows is not positive or memory runs out,
- * dst untouched. */
+ * cols is not a multiple of 32, rows is not positive or memory runs out;
+ * -2 when src holds a NaN or an infinity (no code stands for them); dst
+ * untouched unless 0. */
 int weight_quantize_q8(const Weight *src, Weight *dst);
 /* dst = src as DT_Q8I (the codes weight_quantize_q8 makes, relaid). 0 ok;
  * -1 when rows is not a positive multiple of 16, cols not a multiple of 32,
- * or memory runs out, dst untouched. */
+ * or memory runs out; -2 on a NaN or an infinity; dst untouched unless 0. */
 int weight_quantize_q8i(const Weight *src, Weight *dst);
 /* Whether DT_Q8I has its fast kernel here (kernels_isa() is avx512vnni); without it DT_Q8I runs the plain C reference, same results for
  * finite activations. */

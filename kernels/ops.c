@@ -14,6 +14,8 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     /* eight independent chains of partial sums (one serial chain of double
@@ -106,6 +108,25 @@ AVX512 float max_from16(const float *x, int n, float m) {
     int i = 0;
     for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(_mm512_loadu_ps(x + i), acc);
     return max_from_ref(x + i, n - i, _mm512_reduce_max_ps(acc));
+}
+
+long find_nonfinite(const float *x, long n) {
+    /* the exponent field all ones is NaN or Inf; an OR over a block keeps
+     * the common all-finite case one vectorised pass */
+    const long B = 1024;
+    for (long i0 = 0; i0 < n; i0 += B) {
+        const long e = n - i0 < B ? n - i0 : B;
+        uint32_t any = 0;
+        for (long i = 0; i < e; i++) {
+            uint32_t u;
+            memcpy(&u, x + i0 + i, 4);
+            any |= (uint32_t)((u & 0x7F800000u) == 0x7F800000u);
+        }
+        if (!any) continue;
+        for (long i = 0; i < e; i++)
+            if (!isfinite(x[i0 + i])) return i0 + i;
+    }
+    return -1;
 }
 
 float max_from(const float *x, int n, float m) {

@@ -33,6 +33,10 @@ float exp_sub_sum(float *x, int n, float m);
 float exp_sub_sum_ref(float *x, int n, float m);
 /* y[n] = exp(x) (for tests of the AVX-512 exp against libm) */
 void exp16_array(float *y, const float *x, int n);
+/* Index of the first NaN or infinity in x[0..n), or -1 when all are
+ * finite: the model checks its outputs with it, so that bad weights end
+ * the run with an error instead of printing token 0 forever. */
+long find_nonfinite(const float *x, long n);
 /* x[n] = softmax(x) in place */
 void softmax(float *x, int n);
 

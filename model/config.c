@@ -131,13 +131,15 @@ static int read_rope(Config *c, const Json *j, const char *path, char *err, size
     c->rope_type = ROPE_DEFAULT;
     c->rope_factor = 1;
     if (tf && tf->type != JSON_STRING) {
-        snprintf(err, errlen, "%s: field '%srope_type': expected a string, found %s", path, where, found(tf, b, sizeof b));
+        snprintf(err, errlen, "%s: field '%srope_type': expected a string, found %s", path, where,
+                 found(tf, b, sizeof b));
         return -1;
     }
     const char *type = tf ? tf->str : NULL;
     if (!type || strcmp(type, "default") == 0) return 0;
     if (!field(sc, "factor")) {
-        snprintf(err, errlen, "%s: rope scaling %s: missing field '%sfactor'", path, quote_str(type, b, sizeof b), where);
+        snprintf(err, errlen, "%s: rope scaling %s: missing field '%sfactor'", path, quote_str(type, b, sizeof b),
+                 where);
         return -1;
     }
     if (get_num(sc, path, where, "factor", 1, 1e6, &c->rope_factor, err, errlen)) return -1;

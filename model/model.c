@@ -6,10 +6,12 @@
  */
 #include "model/model.h"
 #include "attn/attn.h"
+#include "format/quote.h"
 #include "kernels/ops.h"
 
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +85,14 @@ static int load_vector(const Model *m, const char *name, int n, float **out, cha
     *out = malloc((size_t)n * sizeof(float));
     if (!*out) { snprintf(err, errlen, "out of memory"); return -1; }
     weight_row(&w, 0, *out);
+    /* read whole here anyway, so checked here: a NaN in a norm turns every
+     * later activation into NaN */
+    long bad = find_nonfinite(*out, n);
+    if (bad >= 0) {
+        snprintf(err, errlen, "%s: tensor '%s': element %ld is %s, expected finite numbers", tensor_file(m, t), name,
+                 bad, isnan((*out)[bad]) ? "NaN" : "infinite");
+        return -1;
+    }
     return 0;
 }
 
@@ -338,7 +348,12 @@ static int quantize(Weight *w, int draft, const char *name, char *err, size_t er
     Weight q;
     if (w->dtype == DT_Q8 || w->dtype == DT_Q8I || w->cols % 32) return 0;
     const int q8i = draft && matmul_has_q8i() && w->rows % 16 == 0;
-    if (q8i ? weight_quantize_q8i(w, &q) : weight_quantize_q8(w, &q)) {
+    const int rc = q8i ? weight_quantize_q8i(w, &q) : weight_quantize_q8(w, &q);
+    if (rc == -2) {
+        snprintf(err, errlen, "q8 weights: %s holds a NaN or an infinity, expected finite numbers", name);
+        return -1;
+    }
+    if (rc) {
         snprintf(err, errlen, "q8 weights: out of memory for a copy of %s [%d, %d]", name, w->rows, w->cols);
         return -1;
     }
@@ -347,7 +362,9 @@ static int quantize(Weight *w, int draft, const char *name, char *err, size_t er
 }
 
 static int quantize_layer(Layer *L, int draft, const char *prefix, char *err, size_t errlen) {
-    static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    static const char *names[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                  "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+                                  "mlp.down_proj.weight"};
     Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
     for (int i = 0; i < 7; i++) {
         char name[96];
@@ -364,20 +381,24 @@ int model_quantize(Model *m, int part, char *err, size_t errlen) {
     }
     if (part == MODEL_DRAFT) {
         if (!m->has_mtp) return 0;
-        return quantize(&m->mtp_fc, 1, "mtp.fc", err, errlen) ||
+        const char *head = m->cfg.tie_embeddings ? "model.embed_tokens.weight (the drafts' lm_head)"
+                                                 : "lm_head.weight (the drafts')";
+        return quantize(&m->mtp_fc, 1, "mtp.fc.weight", err, errlen) ||
                        quantize_layer(&m->mtp_layer, 1, "mtp.layers.0.", err, errlen) ||
-                       quantize(&m->mtp_head, 1, "lm_head (drafts)", err, errlen)
+                       quantize(&m->mtp_head, 1, head, err, errlen)
                    ? -1
                    : 0;
     }
     for (int l = 0; l < m->cfg.n_layers; l++) {
         char prefix[32];
-        snprintf(prefix, sizeof prefix, "layers.%d.", l);
+        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
         if (quantize_layer(&m->layers[l], 0, prefix, err, errlen)) return -1;
     }
     /* drafts that shared lm_head share its copy */
     const int shared = m->mtp_head.data == m->lm_head.data;
-    if (quantize(&m->lm_head, 0, "lm_head", err, errlen)) return -1;
+    if (quantize(&m->lm_head, 0, m->cfg.tie_embeddings ? "model.embed_tokens.weight (as lm_head)" : "lm_head.weight",
+                 err, errlen))
+        return -1;
     if (shared) m->mtp_head = m->lm_head;
     return 0;
 }
@@ -495,9 +516,44 @@ static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) 
     for (size_t j = 0; j < (size_t)n * H; j++) s->x[j] += s->xb[j];
 }
 
-/* One chunk of at most MODEL_BATCH tokens at positions pos..pos+n-1. */
-static void forward_chunk(Model *m, KVCache *kv, const int *tokens, int n, int pos, float *logits, int all_logits,
-                          float *hidden) {
+/* The first of rows [n, width] holding a NaN or an infinity, or -1. */
+static int bad_row(const float *x, int n, int width) {
+    long i = find_nonfinite(x, (long)n * width);
+    return i < 0 ? -1 : (int)(i / width);
+}
+
+/* After non-finite outputs at position pos: names the first tensor of the
+ * checkpoint that holds a NaN or an infinity (relaid matrices keep their
+ * values, only their order changes), else says the activations overflowed.
+ * Scanning every tensor costs a pass over the weights, paid only here. */
+static void nonfinite_error(const Model *m, const char *what, int pos, char *err, size_t errlen) {
+    for (int i = 0; i < m->ts.n_tensors; i++) {
+        const STensor *t = &m->ts.tensors[i];
+        int f32 = strcmp(t->dtype, "F32") == 0, bf16 = strcmp(t->dtype, "BF16") == 0;
+        if (!f32 && !bf16 && strcmp(t->dtype, "F16") != 0) continue;
+        /* NaN and infinity: the exponent field all ones */
+        const uint32_t mask = f32 ? 0x7F800000u : bf16 ? 0x7F80u : 0x7C00u;
+        size_t n = t->nbytes / (f32 ? 4 : 2);
+        for (size_t k = 0; k < n; k++) {
+            uint32_t u = 0;
+            memcpy(&u, (const char *)t->data + k * (f32 ? 4 : 2), f32 ? 4 : 2);
+            if ((u & mask) == mask) {
+                char q[QUOTE_BUF];
+                snprintf(err, errlen, "%s: non-finite values at position %d: tensor %s of %s holds a NaN or an "
+                         "infinity", what, pos, quote_str(t->name, q, sizeof q), m->ts.files[t->file].path);
+                return;
+            }
+        }
+    }
+    snprintf(err, errlen, "%s: non-finite values at position %d, though every weight is finite (the activations "
+             "overflowed)", what, pos);
+}
+
+/* One chunk of at most MODEL_BATCH tokens at positions pos..pos+n-1.
+ * Returns the first row whose hidden state or logits are not all finite,
+ * or -1. */
+static int forward_chunk(Model *m, KVCache *kv, const int *tokens, int n, int pos, float *logits, int all_logits,
+                         float *hidden) {
     const Config *c = &m->cfg;
     Scratch *s = &m->s;
     const int H = c->hidden;
@@ -508,6 +564,11 @@ static void forward_chunk(Model *m, KVCache *kv, const int *tokens, int n, int p
     if (hidden) memcpy(hidden, s->xb, (size_t)n * H * sizeof(float));
     if (logits && all_logits) matmul(logits, s->xb, &m->lm_head, n);
     else if (logits) matmul(logits, s->xb + (size_t)(n - 1) * H, &m->lm_head, 1);
+    /* checking costs a read of the outputs, next to a read of all weights */
+    int bad = bad_row(s->xb, n, H);
+    if (bad < 0 && logits && all_logits) bad = bad_row(logits, n, c->vocab_size);
+    else if (bad < 0 && logits && bad_row(logits, 1, c->vocab_size) == 0) bad = n - 1;
+    return bad;
 }
 
 int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
@@ -528,7 +589,12 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
     for (int off = 0; off < n; off += m->s.cap) {
         int nb = n - off < m->s.cap ? n - off : m->s.cap, last = off + nb == n;
         float *lg = logits && (all_logits || last) ? logits + (all_logits ? (size_t)off * c->vocab_size : 0) : NULL;
-        forward_chunk(m, kv, tokens + off, nb, pos + off, lg, all_logits, hidden ? hidden + (size_t)off * c->hidden : NULL);
+        int bad = forward_chunk(m, kv, tokens + off, nb, pos + off, lg, all_logits,
+                                hidden ? hidden + (size_t)off * c->hidden : NULL);
+        if (bad >= 0) {
+            nonfinite_error(m, "model", pos + off + bad, err, errlen);
+            return -1;
+        }
     }
     return 0;
 }
@@ -566,6 +632,14 @@ int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *to
         if (hm) memcpy(hm + (size_t)off * H, s->xb, (size_t)nb * H * sizeof(float));
         if (logits && all_logits) matmul(logits + (size_t)off * V, s->xb, &m->mtp_head, nb);
         else if (logits && off + nb == n) matmul(logits, s->xb + (size_t)(nb - 1) * H, &m->mtp_head, 1);
+        /* drafts from NaN would only be rejected, but the head is broken: say so */
+        int bad = bad_row(s->xb, nb, H);
+        if (bad < 0 && logits && all_logits) bad = bad_row(logits + (size_t)off * V, nb, V);
+        else if (bad < 0 && logits && off + nb == n && bad_row(logits, 1, V) == 0) bad = nb - 1;
+        if (bad >= 0) {
+            nonfinite_error(m, "MTP head", pos + off + bad, err, errlen);
+            return -1;
+        }
     }
     return 0;
 }

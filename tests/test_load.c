@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "format/json.h"
 #include "model/model.h"
 
 static char tmp[256];
@@ -102,11 +103,16 @@ static void patch_header(const char *path, const char *from, const char *to) {
     free(b);
 }
 
+/* Every run of the binary ends within this many seconds (timeout(1) exits
+ * 124, which fails the test), so a hang on a hostile file is a failure,
+ * not a stuck suite; generous for the sanitizer build. */
+#define RUN_TIMEOUT 60
+
 /* Runs the binary with args (redirections included); its exit code. */
 static int run_status(const char *args) {
     const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s </dev/null", bin, args);
+    snprintf(cmd, sizeof cmd, "timeout -k 5 %d %s %s </dev/null", RUN_TIMEOUT, bin, args);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
@@ -117,7 +123,7 @@ static void expect_fail(int code, const char *args, const char *frag1, const cha
     const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";
     char cmd[2048], errpath[320];
     snprintf(errpath, sizeof errpath, "%s/stderr.txt", tmp);
-    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>'%s' </dev/null", bin, args, errpath);
+    snprintf(cmd, sizeof cmd, "timeout -k 5 %d %s %s >/dev/null 2>'%s' </dev/null", RUN_TIMEOUT, bin, args, errpath);
     int st = system(cmd);
     size_t n;
     char *err = slurp(errpath, &n);
@@ -277,7 +283,7 @@ Test(load, index_names_missing_shard) {
     sh("rm '%s/model-00002-of-00002.safetensors'", d);
     char a[512];
     snprintf(a, sizeof a, "%s -i hi", d);
-    expect_fail(1, a, "model.safetensors.index.json", "model-00002-of-00002.safetensors', which is missing");
+    expect_fail(1, a, "model.safetensors.index.json", "\"model-00002-of-00002.safetensors\", which is missing");
 }
 
 Test(load, missing_tensor) {
@@ -352,4 +358,190 @@ Test(load, fuzz_headers_and_configs) {
     cr_expect(failed > 100, "fuzzing should break most loads (loaded %d, failed %d)", loaded, failed);
     free(orig);
     free(corig);
+}
+
+/* ---- hostile folders: each class of bad input gets one error line, exit 1 ---- */
+
+/* A folder whose file `name` is replaced by a special file: each is refused
+ * before it is read (a FIFO no longer blocks the load; /dev/zero no longer
+ * streams forever). The socket is made by a child that binds it. */
+Test(load, special_files_are_refused_not_read) {
+    struct { const char *fixture, *file, *make, *kind; } cases[] = {
+        {"tiny", "tokenizer.json", "mkfifo", "a FIFO"},
+        {"tiny", "config.json", "mkdir", "a directory"},
+        {"tiny", "model.safetensors", "ln -s /dev/zero", "a character device"},
+        {"tiny", "generation_config.json", "mkfifo", "a FIFO"},
+        {"tiny", "tokenizer_config.json", "python3 -c 'import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])'",
+         "a socket"},
+        {"small", "model-00002-of-00002.safetensors", "mkfifo", "a FIFO"},
+        {"small", "model.safetensors.index.json", "ln -s /dev/urandom", "a character device"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *d = copy_fixture(cases[i].fixture);
+        char a[512];
+        sh("rm -f '%s/%s' && %s '%s/%s'", d, cases[i].file, cases[i].make, d, cases[i].file);
+        snprintf(a, sizeof a, "%s -i hi -n 2", d);
+        char frag[256];
+        snprintf(frag, sizeof frag, "%s: expected a regular file, found %s", cases[i].file, cases[i].kind);
+        expect_fail(1, a, frag, NULL);
+        sh("rm -rf '%s'", d);
+    }
+}
+
+/* JSON files have size caps: a config of 5 MB is refused before parsing. */
+Test(load, json_files_have_size_caps) {
+    const char *d = copy_fixture("tiny");
+    char a[512];
+    sh("truncate -s 5M '%s/config.json'", d);
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "config.json: expected at most 4 MiB, found 5242880 bytes", NULL);
+}
+
+/* -f reads pipes and devices too, up to a cap. */
+Test(load, prompt_files_may_be_pipes_within_a_cap) {
+    const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "bash -c \"printf 'In the beginning' | timeout 60 %s tests/data/fixtures/tiny -m tokenize "
+             "-f /dev/stdin\" > '%s/ids.txt' 2>/dev/null", bin, tmp);
+    cr_expect_eq(system(cmd), 0, "a pipe as -f");
+    size_t n;
+    char ids[300];
+    snprintf(ids, sizeof ids, "%s/ids.txt", tmp);
+    char *out = slurp(ids, &n);
+    cr_expect(n > 2 && out[0] >= '0' && out[0] <= '9', "ids printed: %s", out);
+    free(out);
+    expect_fail(1, "tests/data/fixtures/tiny -f /dev/zero", "-f /dev/zero: expected at most 64 MiB, found more", NULL);
+    expect_fail(1, "tests/data/fixtures/tiny -f tests", "-f tests: expected a file, found a directory", NULL);
+}
+
+/* Strings in error lines are bounded and printable: an eos_token of 5000
+ * continuation bytes (which overflowed a 200-byte buffer) and a vocab key
+ * of them are quoted, cut and escaped. */
+Test(load, long_strings_in_errors_are_cut_and_escaped) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512], *junk = malloc(5001);
+    memset(junk, 0x80, 5000);
+    junk[5000] = 0;
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", d);
+    replace_in(p, "\"eos_token\": \"<|im_end|>\"", "\"eos_token\": \"");
+    replace_in(p, "\"eos_token\": \"", "\"eos_token\": \"@@@\"");
+    replace_in(p, "@@@", junk);
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "tokenizer_config.json: eos_token: expected a token of tokenizer.json, found \"\\x80\\x80", "...\"");
+    char errpath[320];
+    snprintf(errpath, sizeof errpath, "%s/stderr.txt", tmp);
+    size_t n;
+    char *err = slurp(errpath, &n);
+    cr_expect(n < 400, "error line of %zu bytes", n);
+    free(err);
+
+    sh("cp tests/data/fixtures/tiny/tokenizer_config.json '%s'", p);
+    snprintf(p, sizeof p, "%s/tokenizer.json", d);
+    char key[5100];
+    snprintf(key, sizeof key, "\"vocab\": {\"%s\": 4159, ", junk);
+    replace_in(p, "\"vocab\": {", key);
+    expect_fail(1, a, "tokenizer.json: model.vocab[\"\\x80\\x80", "expected GPT-2 byte-level characters");
+    free(junk);
+}
+
+/* Sets element idx of tensor name in a safetensors file to the raw bits
+ * (bf16 or f32, as the tensor is stored). */
+static void poke(const char *path, const char *name, size_t idx, unsigned bits) {
+    size_t n;
+    unsigned char *b = (unsigned char *)slurp(path, &n);
+    unsigned long long h = 0;
+    for (int i = 7; i >= 0; i--) h = (h << 8) | b[i];
+    char err[256];
+    Json *j = json_parse((char *)b + 8, h, err, sizeof err);
+    cr_assert(j, "%s", err);
+    const Json *t = json_get(j, name);
+    cr_assert(t, "no tensor %s", name);
+    int f32 = strcmp(json_get_str(t, "dtype"), "F32") == 0;
+    size_t off = 8 + h + (size_t)json_at(json_get(t, "data_offsets"), 0)->number + idx * (f32 ? 4 : 2);
+    unsigned v = f32 ? bits << 16 : bits;
+    for (int i = 0; i < (f32 ? 4 : 2); i++) b[off + i] = (unsigned char)(v >> (8 * i));
+    spit(path, b, n);
+    json_free(j);
+    free(b);
+}
+
+/* A NaN or an infinity in the weights ends every mode with an error naming
+ * the tensor, instead of printing token 0 (or "ppl nan") and exiting 0. */
+Test(load, non_finite_weights_are_named) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    poke(p, "model.layers.0.mlp.down_proj.weight", 5, 0x7FC0);
+    const char *modes[] = {"-i hi -n 4", "-m ppl -i 'some words to score'", "-m logits -i hi -o /dev/null",
+                           "-m compare -kv f16 -i hi -n 2"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(a, sizeof a, "%s %s", d, modes[i]);
+        expect_fail(1, a, "non-finite values at position 0: tensor \"model.layers.0.mlp.down_proj.weight\"",
+                    "holds a NaN or an infinity");
+    }
+    snprintf(a, sizeof a, "%s -i hi -n 4 -wq q8", d);
+    expect_fail(1, a, "q8 weights: model.layers.0.mlp.down_proj.weight holds a NaN or an infinity", NULL);
+    /* an infinity in an embedding row the prompt looks up (tied: the lm_head too) */
+    sh("cp tests/data/fixtures/tiny/model.safetensors '%s'", p);
+    poke(p, "model.embed_tokens.weight", 64 * 4096 + 3, 0x7F80);
+    snprintf(a, sizeof a, "%s -i '<|endoftext|>' -n 2 -wq-draft stored", d);
+    expect_fail(1, a, "tensor \"model.embed_tokens.weight\"", "holds a NaN or an infinity");
+    /* norms are read whole at load, and checked there */
+    sh("cp tests/data/fixtures/tiny/model.safetensors '%s'", p);
+    poke(p, "model.layers.1.post_attention_layernorm.weight", 7, 0xFF80);
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "tensor 'model.layers.1.post_attention_layernorm.weight': element 7 is infinite", NULL);
+}
+
+/* Config values the model cannot have are errors naming the field, not
+ * replaced by a default. */
+Test(load, impossible_config_values_name_their_field) {
+    struct { const char *from, *to, *frag; } cases[] = {
+        {"\"max_position_embeddings\": 40960", "\"max_position_embeddings\": 0", "field 'max_position_embeddings'"},
+        {"\"max_position_embeddings\": 40960", "\"max_position_embeddings\": -5", "found -5"},
+        {"\"max_position_embeddings\": 40960", "\"max_position_embeddings\": 1.5", "found 1.5"},
+        {"\"tie_word_embeddings\": true", "\"tie_word_embeddings\": \"yes\"", "'tie_word_embeddings': expected true or false"},
+        {"\"bos_token_id\": 4096", "\"bos_token_id\": -1", "field 'bos_token_id'"},
+        {"\"rope_theta\": 1000000", "\"rope_theta\": 0.5", "field 'rope_theta': expected a number > 1, found 0.5"},
+        {"\"head_dim\": 32", "\"head_dim\": 31", "head_dim: expected an even number"},
+        {"\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": -1", "'rms_norm_eps'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *d = copy_fixture("tiny");
+        char p[512], a[512];
+        snprintf(p, sizeof p, "%s/config.json", d);
+        replace_in(p, cases[i].from, cases[i].to);
+        snprintf(a, sizeof a, "%s -i hi", d);
+        expect_fail(1, a, "config.json: ", cases[i].frag);
+        sh("rm -rf '%s'", d);
+    }
+}
+
+/* An explicit -c above the model's positions is capped, with a warning,
+ * like the default. */
+Test(load, context_above_the_model_is_capped) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[1024];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    replace_in(p, "\"max_position_embeddings\": 40960", "\"max_position_embeddings\": 64");
+    snprintf(a, sizeof a, "%s -i hi -n 2 -c 100000 -t 0 >/dev/null 2>'%s/err.txt'", d, tmp);
+    cr_expect_eq(run_status(a), 0);
+    size_t n;
+    char ep[320];
+    snprintf(ep, sizeof ep, "%s/err.txt", tmp);
+    char *err = slurp(ep, &n);
+    cr_expect(strstr(err, "warning: -c 100000 is above the model's 64 positions"), "%s", err);
+    cr_expect(strstr(err, "context 64,"), "%s", err);
+    free(err);
+}
+
+/* Numbers parse strictly: no blanks, signs, hex or nan slip through. */
+Test(load, numeric_flags_parse_strictly) {
+    const char *bad[][2] = {{"-s", "' -1'"}, {"-s", "-1"}, {"-s", "+5"}, {"-n", "' 5'"}, {"-c", "0x40"},
+                            {"-t", "nan"},   {"-t", "' 0.5'"}, {"-p", "inf"}, {"-T", "2x"}, {"-k", "''"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char a[256];
+        snprintf(a, sizeof a, "tests/data/fixtures/tiny -i hi %s %s", bad[i][0], bad[i][1]);
+        expect_fail(2, a, bad[i][0], "expected");
+    }
 }

@@ -250,7 +250,8 @@ static int load_tokens(Tokenizer *t, const Json *vocab, const Json *added, const
         long id = read_id(&vocab->items[i]);
         if (id < 0)
             return fail(err, errlen, "%s: model.vocab[%s]: expected an integer id in [0, %d), found %s", path,
-                        quote(vocab->keys[i], vocab->key_lens[i], b1, sizeof b1), TOK_MAX_ID, found(&vocab->items[i], b2));
+                        quote(vocab->keys[i], vocab->key_lens[i], b1, sizeof b1), TOK_MAX_ID,
+                        found(&vocab->items[i], b2));
         if (vocab->key_lens[i] == 0)
             return fail(err, errlen, "%s: model.vocab: expected non-empty keys, found \"\"", path);
         if (id > max_id) max_id = id;
@@ -321,7 +322,8 @@ static int load_tokens(Tokenizer *t, const Json *vocab, const Json *added, const
         if (pc->len && (pc->len != c->len || memcmp(t->bytes + pc->off, c->str, c->len) != 0))
             return fail(err, errlen,
                         "%s: added_tokens[%zu]: expected id %d to be free or to spell %s, found it used by %s", path, i,
-                        (int)id, quote(c->str, c->len, b1, sizeof b1), quote(t->bytes + pc->off, pc->len, b2, sizeof b2));
+                        (int)id, quote(c->str, c->len, b1, sizeof b1),
+                        quote(t->bytes + pc->off, pc->len, b2, sizeof b2));
         if (!pc->len) { /* not in the vocab: its content joins the arena */
             memcpy(t->bytes + off, c->str, c->len);
             *pc = (TokPiece){(uint32_t)off, (uint32_t)c->len};
