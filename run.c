@@ -1,16 +1,24 @@
 /* run.c: the command line and the generation loops, nothing else.
  *
- *   ./run [MODEL_DIR] [options]        (see usage() or README.md)
+ *   ./run [MODEL] [options]        (see usage() or README.md)
  *
- * Reads a Hugging Face Qwen3 snapshot (model/), tokenizes (tokenizer/),
- * runs the forward pass over a KV cache in the chosen scheme (kv/), samples
- * (sample/), and prints text on stdout, progress and one closing `stats:`
- * line on stderr. Exit codes: 0 ok, 1 runtime error, 2 usage error.
+ * Opens a model (a Hugging Face Qwen3 folder or a single-file model:
+ * model/source.h), tokenizes (tokenizer/), runs the forward pass over a KV
+ * cache in the chosen scheme (model/, kv/), samples (sample/), and prints
+ * text on stdout; progress, a human summary and one machine-readable
+ * `stats:` line go to stderr. Exit codes: 0 ok, 1 runtime error, 2 usage
+ * error, 130 interrupted (Ctrl-C).
+ *
+ * main() is a list of steps: parse the options, open the model and its
+ * tokenizer, read the text, then one function per mode.
  */
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,77 +28,133 @@
 
 #include "eval/compare.h"
 #include "format/file.h"
+#include "format/quote.h"
 #include "model/model.h"
 #include "sample/sampler.h"
-#include "spec/spec.h"
+#include "speculative/speculative.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
-/* The model run with no MODEL_DIR, relative to the executable's directory. */
+/* Prompt tokens per forward call: progress shows between them. */
+#define PREFILL_SLICE 512
+
+/* The model run with no MODEL, relative to the executable's directory. */
 #define DEFAULT_MODEL "models/qwen3-kjv-mtp"
 #define DEFAULT_PROMPT "In the beginning"
+#ifndef RUN_VERSION
+#define RUN_VERSION "unknown"
+#endif
+
+/* ------------------------------------------------------------- options */
 
 typedef struct {
-    const char *model, *prompt, *prompt_file, *mode, *system, *kv, *out;
-    int n, top_k, ctx, threads, think, spec; /* spec: -1 = default */
+    const char *model, *prompt, *prompt_file, *mode, *system, *kv, *ctk, *ctv, *out;
+    int n, top_k, ctx, threads, think, spec; /* n: -1 = no limit; spec: -1 = default */
     int wq_q8, draft_q8;  /* -wq, -wq-draft: 1 = q8 */
     int act_bf16;         /* -act: 1 = bf16 */
+    int show_pieces;      /* tokenize: one token per line with its text */
     float temp, top_p, min_p;
+    float repeat, frequency, presence; /* penalties over the last repeat_n tokens */
+    int repeat_n;
     unsigned long long seed;
+    /* which options were given (the rest fall back to generation_config.json or defaults) */
     int set_temp, set_top_p, set_top_k, set_min_p, set_seed, set_n, set_kv;
 } Args;
 
+/* What an option's value is. */
+typedef enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_SEED, OPT_CHOICE, OPT_BOOL } OptKind;
+
+/* One option: up to three spellings (run's, then llama.cpp's), where its
+ * value goes in Args, and what the value may be. */
 typedef struct {
-    double prefill_s, decode_s;
-    long prefill_tokens, decode_tokens;
-    size_t kv_bytes;
-    int has_spec;
-    double spec_accept;   /* accepted / drafted */
-} Stats;
+    const char *names[3];
+    OptKind kind;
+    size_t at, set;       /* offsetof the value, and of its set_ flag (0: none) */
+    double lo, hi;        /* OPT_INT, OPT_FLOAT range */
+    const char *expect;   /* what the error line says was expected */
+} Option;
+
+#define AT(f) offsetof(Args, f)
+static const Option options[] = {
+    {{"--model"}, OPT_STR, AT(model), 0, 0, 0, "a model folder or file"},
+    {{"-m", "--mode"}, OPT_STR, AT(mode), 0, 0, 0, "a mode"},
+    {{"-i", "--prompt"}, OPT_STR, AT(prompt), 0, 0, 0, "a text"},
+    {{"-f", "--file"}, OPT_STR, AT(prompt_file), 0, 0, 0, "a file"},
+    {{"-y", "--system-prompt"}, OPT_STR, AT(system), 0, 0, 0, "a text"},
+    {{"-kv"}, OPT_STR, AT(kv), AT(set_kv), 0, 0, "a KV scheme"},
+    {{"-ctk", "--cache-type-k"}, OPT_STR, AT(ctk), 0, 0, 0, "a KV scheme"},
+    {{"-ctv", "--cache-type-v"}, OPT_STR, AT(ctv), 0, 0, 0, "a KV scheme"},
+    {{"-o", "--output"}, OPT_STR, AT(out), 0, 0, 0, "a file"},
+    {{"-n", "--n-predict"}, OPT_INT, AT(n), AT(set_n), -1, 1 << 30, "a token count >= 0, or -1 for no limit"},
+    {{"-c", "--ctx-size"}, OPT_INT, AT(ctx), 0, 1, 1 << 24, "a context length >= 1"},
+    {{"-T", "--threads"}, OPT_INT, AT(threads), 0, 1, 1024, "a thread count in 1..1024"},
+    {{"-k", "--top-k"}, OPT_INT, AT(top_k), AT(set_top_k), 0, 1 << 30, "an integer >= 0"},
+    {{"-spec", "--draft"}, OPT_INT, AT(spec), 0, 0, SPEC_MAX, "a draft count in 0..16"},
+    {{"-think"}, OPT_INT, AT(think), 0, 0, 1, "0 or 1"},
+    {{"--repeat-last-n"}, OPT_INT, AT(repeat_n), 0, 0, 1 << 20, "a window of tokens >= 0"},
+    {{"-t", "--temp"}, OPT_FLOAT, AT(temp), AT(set_temp), 0, 100, "a temperature in [0, 100]"},
+    {{"-p", "--top-p"}, OPT_FLOAT, AT(top_p), AT(set_top_p), 1e-9, 1, "top-p in (0, 1]"},
+    {{"-mp", "--min-p"}, OPT_FLOAT, AT(min_p), AT(set_min_p), 0, 1, "min-p in [0, 1]"},
+    {{"--repeat-penalty"}, OPT_FLOAT, AT(repeat), 0, 1e-3, 100, "a penalty in [0.001, 100] (1 = off)"},
+    {{"--frequency-penalty"}, OPT_FLOAT, AT(frequency), 0, 0, 100, "a penalty in [0, 100] (0 = off)"},
+    {{"--presence-penalty"}, OPT_FLOAT, AT(presence), 0, 0, 100, "a penalty in [0, 100] (0 = off)"},
+    {{"-s", "--seed"}, OPT_SEED, AT(seed), AT(set_seed), 0, 0, "a seed >= 0"},
+    {{"-wq"}, OPT_CHOICE, AT(wq_q8), 0, 0, 0, "stored or q8"},
+    {{"-wq-draft"}, OPT_CHOICE, AT(draft_q8), 0, 0, 0, "stored or q8"},
+    {{"-act"}, OPT_CHOICE, AT(act_bf16), 0, 0, 0, "f32 or bf16"},
+    {{"--show-pieces"}, OPT_BOOL, AT(show_pieces), 0, 0, 0, NULL},
+};
+
+static const char *const modes[] = {"generate", "chat", "tokenize", "detokenize", "logits", "ppl",
+                                    "compare",  "kvstats", "pack"};
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: ./run [MODEL_DIR] [options]\n"
-            "  MODEL_DIR        a Hugging Face Qwen3 snapshot (config.json, *.safetensors, tokenizer.json);\n"
-            "                   default: the model shipped in the repo (" DEFAULT_MODEL ")\n"
-            "  -m MODE          generate (default) | chat | tokenize | logits | ppl | compare | kvstats\n"
-            "  -i TEXT          prompt (generate, tokenize), first user message (chat)\n"
-            "  -f FILE          read the prompt / text from FILE\n"
-            "  -n N             tokens to generate (default 256; chat: per reply)\n"
-            "  -t T             temperature, 0 = greedy (default: generation_config.json, else 0.8)\n"
-            "  -p P             top-p (default: generation_config.json, else 0.95)\n"
-            "  -k K             top-k, 0 = off (default: generation_config.json, else 40)\n"
-            "  -mp P            min-p, 0 = off (default: generation_config.json, else 0.05)\n"
-            "  -s SEED          random seed (default: time)\n"
-            "  -c N             context length in tokens (default 4096, capped by the model; ppl: window, 512)\n"
-            "  -T N             threads (default: OpenMP's, usually all cores)\n"
-            "  -kv SCHEME       KV cache storage: one scheme for K and V, or K,V (default f16);\n"
-            "                   compare: a list a,b,... (K/V pairs as k/v), default every scheme\n"
-            "  -y TEXT          system prompt (chat)\n"
+            "usage: ./run [MODEL] [options]\n"
+            "  MODEL            a Hugging Face Qwen3 folder (config.json, *.safetensors, tokenizer.json), a\n"
+            "                   .safetensors file in one, or a single-file model (-m pack); anywhere among\n"
+            "                   the options, or as --model MODEL; default: " DEFAULT_MODEL " beside ./run\n"
+            "  -m MODE          generate (default) | chat | tokenize | detokenize | logits | ppl | compare |\n"
+            "                   kvstats | pack\n"
+            "  -i TEXT          prompt; chat: the first message; detokenize: token ids     (--prompt)\n"
+            "  -f FILE          the same from a file (a pipe or /dev/stdin works)          (--file)\n"
+            "  -n N             tokens to generate, -1 = until the end of text (default 256; chat: per\n"
+            "                   reply; compare: greedy tokens per scheme, 64)              (--n-predict)\n"
+            "  -c N             context length (default 4096, ppl 512; capped by the model) (--ctx-size)\n"
+            "  -t T             temperature, 0 = greedy                                    (--temp)\n"
+            "  -k K             top-k, 0 = off                                             (--top-k)\n"
+            "  -p P             top-p                                                      (--top-p)\n"
+            "  -mp P            min-p, 0 = off                                             (--min-p)\n"
+            "                   sampling defaults: generation_config.json, else 0.8, 40, 0.95, 0.05\n"
+            "  --repeat-penalty R, --frequency-penalty F, --presence-penalty P, --repeat-last-n N\n"
+            "                   llama.cpp's penalties over the last N tokens (default 64; off: 1, 0, 0)\n"
+            "  -s SEED          random seed (default: from the clock, printed)             (--seed)\n"
+            "  -T N             threads (default: all cores)                               (--threads)\n"
+            "  -kv SCHEME       KV cache storage: a scheme for K and V, or K/V (default f16)\n"
+            "  -ctk S, -ctv S   the K or the V scheme alone; llama.cpp's names f16, q8_0, q4_0 work too\n"
+            "                   (--cache-type-k, --cache-type-v). A comma separates schemes to compare:\n"
+            "                   -m compare -kv f16,q8,q8/q4 (default: every scheme); elsewhere it is an error\n"
+            "  -y TEXT          system prompt (chat)                                       (--system-prompt)\n"
             "  -think 0|1       chat: let the model think (default 1)\n"
             "  -spec N          speculative decoding with the model's MTP head, N drafts per step\n"
-            "                   (default 3 when the model has one; 0 = off)\n"
-            "  -wq TYPE         matmul weights: stored (as in the checkpoint, default) | q8 (converted\n"
-            "                   at load to q8_0 blocks with f32 scales: 9/16 of bf16's bytes);\n"
-            "                   compare: the schemes run on q8, the f32 reference on the stored ones\n"
-            "  -act TYPE        matmul inputs: f32 (default, exact) | bf16 (rounded to bf16 for AVX-512 BF16's\n"
-            "                   vdpbf16ps, like llama.cpp's bf16 path; logits move by about 0.5%%): prefill\n"
-            "                   about 2x where vdpbf16ps has twice the FMA rate (AMD Zen 4; make bench shows\n"
-            "                   both peaks); needs a bf16 checkpoint read into memory and that instruction;\n"
-            "                   compare: the schemes run on bf16 inputs, the f32 reference on f32 ones\n"
-            "  -wq-draft TYPE   the MTP drafter's weights: q8 (default; with AVX-512 VNNI its activations\n"
-            "                   are quantized to q8 too, for integer dot products) | stored; greedy output\n"
-            "                   is the same either way, sampled output keeps the main model's distribution\n"
-            "  -o FILE          output file (logits: float32 [n_tokens, vocab]; compare: SVG plot)\n"
-            "  -h               this help\n"
+            "                   (default 3 when the model has one; 0 = off)                (--draft)\n"
+            "  -wq TYPE         matmul weights: stored (default) | q8 (converted at load to q8_0 blocks:\n"
+            "                   9/16 of bf16's bytes); compare: the f32 reference keeps the stored ones\n"
+            "  -act TYPE        matmul inputs: f32 (default, exact) | bf16 (rounded for AVX-512 BF16's\n"
+            "                   vdpbf16ps, like llama.cpp's bf16 path: prefill about 2x on AMD Zen 4,\n"
+            "                   logits move by about 0.5%%; a bf16 model read into memory needed)\n"
+            "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the same\n"
+            "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the file\n"
+            "  --show-pieces    tokenize: one token per line, id and text\n"
+            "  -h, --help       this help;  --version  the version and the kernels this CPU runs\n"
             "KV schemes (bits per value at head_dim 128):\n");
     KVOpts o = {0, 0};
     for (int i = 0; i < kv_n_schemes; i++)
         fprintf(f, "  %-8s %6.3f  %s\n", kv_schemes[i]->name, kv_schemes[i]->bits(128, &o), kv_schemes[i]->desc);
-    fprintf(f, "environment: RUN_ISA=avx512|avx2|ref forces a lower kernel level; RUN_MMAP=1 reads the weights\n"
-               "  where the files are mapped instead of copying them into memory in huge pages (where\n"
-               "  the AVX-512 kernels get bf16 relaid in 32-row panels, their faster layout)\n");
-    fprintf(f, "exit codes: 0 ok, 1 runtime error, 2 usage error\n");
+    fprintf(f, "environment: RUN_ISA=ref|avx2|avx512|avx512vnni forces a lower kernel level; RUN_MMAP=1 reads\n"
+               "  the weights where the files are mapped instead of copying them into memory in huge pages\n"
+               "  (where the AVX-512 kernels get bf16 relaid in 32-row panels, their faster layout)\n");
+    fprintf(f, "exit codes: 0 ok, 1 runtime error, 2 usage error, 130 interrupted\n");
 }
 
 static int usage_error(const char *fmt, ...) {
@@ -105,7 +169,7 @@ static int usage_error(const char *fmt, ...) {
 
 /* Numbers on the command line are digits only: strtol and strtof would
  * also take leading blanks, a sign, "nan" or hex, so " -1" could slip past
- * a check of the first character. Every numeric flag is >= 0. */
+ * a range check. Only -n takes a negative number, -1. */
 static int is_number(const char *s) {
     if (!(*s >= '0' && *s <= '9') && !(*s == '.' && s[1] >= '0' && s[1] <= '9')) return 0;
     for (; *s; s++)
@@ -113,108 +177,104 @@ static int is_number(const char *s) {
     return 1;
 }
 
-static int parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    if (!is_number(s)) return -1;
+/* Stores v as option o's value; 0 ok, else the usage error's exit code. */
+static int set_option(Args *a, const Option *o, const char *name, const char *v) {
+    char *p = (char *)a + o->at, *end;
     errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
+    if (o->kind == OPT_STR) *(const char **)p = v;
+    else if (o->kind == OPT_INT) {
+        long l = -1;
+        int ok = strcmp(v, "-1") == 0 || (is_number(v) && (l = strtol(v, &end, 10), !errno && !*end));
+        if (!ok || l < o->lo || l > o->hi) return usage_error("%s: expected %s, found '%s'", name, o->expect, v);
+        *(int *)p = (int)l;
+    } else if (o->kind == OPT_FLOAT) {
+        float x = NAN;
+        int ok = is_number(v) && (x = strtof(v, &end), !errno && !*end);
+        if (!ok || !(x >= o->lo && x <= o->hi)) return usage_error("%s: expected %s, found '%s'", name, o->expect, v);
+        *(float *)p = x;
+    } else if (o->kind == OPT_SEED) {
+        unsigned long long s = 0;
+        int ok = is_number(v) && (s = strtoull(v, &end, 10), !errno && !*end);
+        if (!ok) return usage_error("%s: expected %s, found '%s'", name, o->expect, v);
+        *(unsigned long long *)p = s;
+    } else {
+        /* choices: the first of each pair is 0, the second 1 */
+        const char *zero = o->at == AT(act_bf16) ? "f32" : "stored", *one = o->at == AT(act_bf16) ? "bf16" : "q8";
+        if (strcmp(v, zero) && strcmp(v, one)) return usage_error("%s: expected %s, found '%s'", name, o->expect, v);
+        *(int *)p = strcmp(v, one) == 0;
+    }
+    if (o->set) *(int *)((char *)a + o->set) = 1;
     return 0;
 }
 
-static int parse_float(const char *s, float lo, float hi, float *out) {
-    char *end;
-    if (!is_number(s)) return -1;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
-    *out = v;
+static const Option *find_option(const char *name) {
+    for (size_t i = 0; i < sizeof options / sizeof *options; i++)
+        for (int k = 0; k < 3 && options[i].names[k]; k++)
+            if (strcmp(options[i].names[k], name) == 0) return &options[i];
+    return NULL;
+}
+
+/* Checks what the options mean together; 0 or the usage error's code. */
+static int check_args(Args *a) {
+    int ok = 0;
+    for (size_t k = 0; k < sizeof modes / sizeof *modes; k++) ok |= strcmp(a->mode, modes[k]) == 0;
+    if (!ok)
+        return usage_error("-m: expected generate, chat, tokenize, detokenize, logits, ppl, compare, kvstats or "
+                           "pack, found '%s'", a->mode);
+    const int compare = !strcmp(a->mode, "compare");
+    if (a->prompt && a->prompt_file) return usage_error("give the text with -i or -f, not both");
+    int scores = compare || !strcmp(a->mode, "logits") || !strcmp(a->mode, "ppl") || !strcmp(a->mode, "kvstats") ||
+                 !strcmp(a->mode, "detokenize");
+    if (scores && !a->prompt && !a->prompt_file) return usage_error("-m %s needs a text (-f FILE or -i TEXT)", a->mode);
+    if ((!strcmp(a->mode, "logits") || !strcmp(a->mode, "pack")) && !a->out)
+        return usage_error("-m %s needs -o FILE", a->mode);
+    char e[600];
+    if (compare && a->out && compare_format(a->out, e, sizeof e) < 0) return usage_error("-o %s", e);
+    if (a->act_bf16 && a->wq_q8) return usage_error("-act bf16 runs on bf16 weights as stored: not with -wq q8");
+    if (!compare && a->kv && strchr(a->kv, ','))
+        return usage_error("-kv %s: a comma separates schemes to compare (-m compare); one cache takes one scheme, "
+                           "or a K/V pair written K/V", a->kv);
+    if (compare && (a->ctk || a->ctv)) return usage_error("-m compare: give its schemes with -kv a,b,...");
     return 0;
 }
 
-/* 0 ok, 1 help printed, 2 usage error (message printed). */
+/* 0 ok, 1 help or version printed, 2 usage error (message printed). */
 static int parse_args(int argc, char **argv, Args *a) {
     memset(a, 0, sizeof *a);
     a->mode = "generate";
-    a->kv = "f16";
     a->n = 256;
     a->think = 1;
     a->spec = -1;
     a->draft_q8 = 1;
-    int i = 1;
-    if (i < argc && argv[i][0] != '-') a->model = argv[i++];
-    for (; i < argc; i++) {
+    a->repeat = 1;
+    a->repeat_n = 64;
+    for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
-        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) { usage(stdout); return 1; }
-        if (f[0] != '-' || i + 1 >= argc) return usage_error("expected a flag with a value, found '%s'", f);
-        const char *v = argv[++i];
-        long l;
-        if (strcmp(f, "-i") == 0) a->prompt = v;
-        else if (strcmp(f, "-f") == 0) a->prompt_file = v;
-        else if (strcmp(f, "-m") == 0) a->mode = v;
-        else if (strcmp(f, "-y") == 0) a->system = v;
-        else if (strcmp(f, "-kv") == 0) a->kv = v, a->set_kv = 1;
-        else if (strcmp(f, "-o") == 0) a->out = v;
-        else if (strcmp(f, "-n") == 0) {
-            if (parse_int(v, 0, 1 << 30, &l)) return usage_error("-n: expected a count >= 0, found '%s'", v);
-            a->n = (int)l;
-            a->set_n = 1;
-        } else if (strcmp(f, "-k") == 0) {
-            if (parse_int(v, 0, 1 << 30, &l)) return usage_error("-k: expected an integer >= 0, found '%s'", v);
-            a->top_k = (int)l;
-            a->set_top_k = 1;
-        } else if (strcmp(f, "-c") == 0) {
-            if (parse_int(v, 1, 1 << 24, &l)) return usage_error("-c: expected a context length >= 1, found '%s'", v);
-            a->ctx = (int)l;
-        } else if (strcmp(f, "-T") == 0) {
-            if (parse_int(v, 1, 1024, &l)) return usage_error("-T: expected a thread count in 1..1024, found '%s'", v);
-            a->threads = (int)l;
-        } else if (strcmp(f, "-spec") == 0) {
-            if (parse_int(v, 0, SPEC_MAX, &l)) return usage_error("-spec: expected a draft count in 0..%d, found '%s'", SPEC_MAX, v);
-            a->spec = (int)l;
-        } else if (strcmp(f, "-wq") == 0 || strcmp(f, "-wq-draft") == 0) {
-            int q8 = strcmp(v, "q8") == 0;
-            if (!q8 && strcmp(v, "stored") != 0) return usage_error("%s: expected stored or q8, found '%s'", f, v);
-            if (strcmp(f, "-wq-draft") == 0) a->draft_q8 = q8;
-            else a->wq_q8 = q8;
-        } else if (strcmp(f, "-act") == 0) {
-            if (strcmp(v, "bf16") && strcmp(v, "f32")) return usage_error("-act: expected f32 or bf16, found '%s'", v);
-            a->act_bf16 = strcmp(v, "bf16") == 0;
-        } else if (strcmp(f, "-think") == 0) {
-            if (parse_int(v, 0, 1, &l)) return usage_error("-think: expected 0 or 1, found '%s'", v);
-            a->think = (int)l;
-        } else if (strcmp(f, "-s") == 0) {
-            char *end;
-            errno = 0;
-            a->seed = strtoull(v, &end, 10);
-            if (errno || end == v || *end || !is_number(v)) return usage_error("-s: expected a seed >= 0, found '%s'", v);
-            a->set_seed = 1;
-        } else if (strcmp(f, "-t") == 0) {
-            if (parse_float(v, 0, 100, &a->temp)) return usage_error("-t: expected a temperature in [0, 100], found '%s'", v);
-            a->set_temp = 1;
-        } else if (strcmp(f, "-p") == 0) {
-            if (parse_float(v, 0, 1, &a->top_p) || a->top_p <= 0) return usage_error("-p: expected top-p in (0, 1], found '%s'", v);
-            a->set_top_p = 1;
-        } else if (strcmp(f, "-mp") == 0) {
-            if (parse_float(v, 0, 1, &a->min_p)) return usage_error("-mp: expected min-p in [0, 1], found '%s'", v);
-            a->set_min_p = 1;
-        } else
-            return usage_error("unknown flag '%s'", f);
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); return 1; }
+        if (!strcmp(f, "--version")) {
+            printf("run %s: CPU kernels %s (x86-64 AVX2/AVX-512 and plain C); CUDA not compiled in\n", RUN_VERSION,
+                   kernels_isa());
+            return 1;
+        }
+        /* a word that is not an option is the model, wherever it comes */
+        if (f[0] != '-' || !f[1]) {
+            if (a->model) return usage_error("expected one model, found '%s' and '%s'", a->model, f);
+            a->model = f;
+            continue;
+        }
+        const Option *o = find_option(f);
+        if (!o) return usage_error("unknown option '%s'", f);
+        if (o->kind == OPT_BOOL) { *(int *)((char *)a + o->at) = 1; continue; }
+        if (i + 1 >= argc) return usage_error("%s: missing its value (%s)", f, o->expect);
+        if (o->at == AT(model) && a->model) return usage_error("expected one model, found '%s' and '%s'", a->model,
+                                                               argv[i + 1]);
+        int rc = set_option(a, o, f, argv[++i]);
+        if (rc) return rc;
     }
-    const char *modes[] = {"generate", "chat", "tokenize", "logits", "ppl", "compare", "kvstats"};
-    int ok = 0;
-    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) ok |= strcmp(a->mode, modes[k]) == 0;
-    if (!ok) return usage_error("-m: expected generate, chat, tokenize, logits, ppl, compare or kvstats, found '%s'", a->mode);
-    if (a->prompt && a->prompt_file) return usage_error("give the prompt with -i or -f, not both");
-    int scores = !strcmp(a->mode, "logits") || !strcmp(a->mode, "ppl") || !strcmp(a->mode, "compare") ||
-                 !strcmp(a->mode, "kvstats");
-    if (scores && !a->prompt && !a->prompt_file)
-        return usage_error("-m %s needs a text (-f FILE or -i TEXT)", a->mode);
-    if (!strcmp(a->mode, "logits") && !a->out) return usage_error("-m logits needs -o FILE");
-    if (a->act_bf16 && a->wq_q8) return usage_error("-act bf16 runs on bf16 weights as stored: not with -wq q8");
-    return 0;
+    return check_args(a);
 }
+
+/* ---------------------------------------------------------- utilities */
 
 static double now(void) {
     struct timespec ts;
@@ -222,39 +282,76 @@ static double now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* A prompt file may be a pipe or /dev/stdin, so any readable file is taken,
- * up to this size: 64 MiB of text is over 10 M tokens, past any context. */
-#define MAX_PROMPT_BYTES (64u << 20)
-
-/* Reads a whole prompt file; NULL with a message on stderr. */
-static char *read_file(const char *path, size_t *len) {
-    char err[600];
-    char *buf = file_read_any(path, MAX_PROMPT_BYTES, len, err, sizeof err);
-    if (!buf) fprintf(stderr, "error: -f %s\n", err);
-    return buf;
+/* Ctrl-C: the loops check this and stop where they are. */
+static volatile sig_atomic_t g_interrupted;
+static void on_sigint(int sig) {
+    (void)sig;
+    g_interrupted = 1;
 }
 
-/* -m compare's list: f32 (the reference) first, then the given specs, or
- * every registered scheme. With other weights (-wq) the reference keeps the
- * stored ones and f32 comes again as the first scheme: the weights' cost alone. */
-static int parse_compare_list(const char *list, int other_weights, KVSpec *specs, int *n, char *err, size_t errlen) {
-    kv_spec_parse("f32", &specs[0], err, errlen);
-    *n = 1;
-    if (other_weights) specs[(*n)++] = specs[0];
-    if (!list) {
-        for (int i = 0; i < kv_n_schemes; i++)
-            if (strcmp(kv_schemes[i]->name, "f32") != 0 && kv_spec_parse(kv_schemes[i]->name, &specs[(*n)++], err, errlen))
-                return -1;
-        return 0;
+/* No SA_RESTART: a read waiting at the chat prompt returns EINTR. */
+static void catch_sigint(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigaction(SIGINT, &sa, NULL);
+}
+
+/* Progress of long work on stderr: one line rewritten in place, shown only
+ * on a terminal and once the work has run 2 s. */
+typedef struct {
+    const char *what;
+    long total;
+    double t0;
+    int shown;
+} Progress;
+
+static void progress_start(Progress *p, const char *what, long total) {
+    *p = (Progress){what, total, now(), 0};
+}
+
+static void progress_show(Progress *p, long done) {
+    double dt = now() - p->t0;
+    if (dt < 2 || !isatty(2)) return;
+    double rate = done / dt, left = rate > 0 ? (p->total - done) / rate : 0;
+    fprintf(stderr, "\r%s: %ld/%ld tokens, %.1f tok/s, %.0f s left   ", p->what, done, p->total, rate, left);
+    p->shown = 1;
+}
+
+static void progress_end(Progress *p) {
+    if (p->shown) fprintf(stderr, "\r%*s\r", 70, "");
+}
+
+/* A token list that grows. */
+typedef struct {
+    int *v;
+    int n, cap;
+} Ids;
+
+static int ids_push(Ids *l, const int *x, int n) {
+    if (n == 0) return 0; /* x may be an empty list's NULL */
+    if (l->n + n > l->cap) {
+        int cap = (l->n + n) * 2 + 16;
+        int *v = realloc(l->v, (size_t)cap * sizeof(int));
+        if (!v) return -1;
+        l->v = v, l->cap = cap;
     }
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", list);
-    char *save = NULL;
-    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-        if (*n >= 64) { snprintf(err, errlen, "-kv: too many schemes to compare (64 rows at most, the f32 reference included)"); return -1; }
-        if (kv_spec_parse(item, &specs[*n], err, errlen)) return -1;
-        if (!(specs[*n].k == specs[0].k && specs[*n].v == specs[0].v)) (*n)++;
+    memcpy(l->v + l->n, x, (size_t)n * sizeof(int));
+    l->n += n;
+    return 0;
+}
+
+/* Encodes text into ids (replacing what they held); -1 with a message.
+ * (Texts are at most 64 MiB, so 3 ids a byte fit an int.) */
+static int encode(const Tokenizer *tok, const char *text, size_t len, Ids *out) {
+    const int cap = (int)(3 * len + 16);
+    if (cap > out->cap) {
+        int *v = realloc(out->v, (size_t)cap * sizeof(int));
+        if (!v) { fprintf(stderr, "error: out of memory for the prompt's tokens\n"); return -1; }
+        out->v = v, out->cap = cap;
     }
+    out->n = tok_encode(tok, text, len, out->v, cap);
+    if (out->n < 0) { fprintf(stderr, "error: the tokenizer failed on the prompt (out of memory)\n"); return -1; }
     return 0;
 }
 
@@ -273,22 +370,61 @@ static const char *default_model(char *buf, size_t n) {
     return buf;
 }
 
-static void print_stats(const Stats *s) {
-    fprintf(stderr, "stats: prefill_tokens=%ld prefill_tps=%.2f decode_tokens=%ld decode_tps=%.2f kv_bytes=%zu",
-            s->prefill_tokens, s->prefill_s > 0 ? s->prefill_tokens / s->prefill_s : 0.0, s->decode_tokens,
-            s->decode_s > 0 ? s->decode_tokens / s->decode_s : 0.0, s->kv_bytes);
+/* ------------------------------------------------------------- session */
+
+typedef struct {
+    double prefill_s, decode_s;
+    long prefill_tokens, decode_tokens;
+    int has_spec;
+    double spec_accept;   /* accepted / drafted */
+} Stats;
+
+/* Everything a mode works with, filled by main's steps. */
+typedef struct {
+    Args a;
+    ModelSource src;
+    Tokenizer tok;
+    Config cfg;            /* config.json, read before the weights (the vocabulary check) */
+    GenDefaults gd;        /* generation_config.json */
+    Model m;
+    int have_model;
+    KVSpec spec;           /* the cache's scheme (compare: the f32 reference) */
+    KVSpec specs[64];      /* compare: f32, then the schemes to compare */
+    int n_specs;
+    char *text;            /* -i, -f or the default prompt; NULL in chat without -i/-f */
+    size_t text_len;
+    Ids ids;               /* its tokens */
+    int ctx;               /* context length */
+    Stats st;
+} Run;
+
+/* The bytes an amount of memory takes, for people: "1.2 MB". */
+static void human_bytes(double b, char *out, size_t n) {
+    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
+    int k = 0;
+    while (b >= 1000 && k < 4) b /= 1000, k++;
+    snprintf(out, n, k ? "%.1f %s" : "%.0f %s", b, u[k]);
+}
+
+/* After generating: one line for people, then the `stats:` line scripts read. */
+static void print_stats(const Run *r, const KVCache *kv) {
+    const Stats *s = &r->st;
+    double ptps = s->prefill_s > 0 ? s->prefill_tokens / s->prefill_s : 0;
+    double dtps = s->decode_s > 0 ? s->decode_tokens / s->decode_s : 0;
+    size_t kvb = kv && kv->k ? kv_cache_bytes(kv) : 0;
+    char hb[32], name[128];
+    human_bytes((double)kvb, hb, sizeof hb);
+    kv_spec_name(&r->spec, name, sizeof name);
+    fprintf(stderr, "prompt %ld tok at %.1f tok/s", s->prefill_tokens, ptps);
+    if (s->decode_tokens) fprintf(stderr, ", generated %ld tok at %.1f tok/s", s->decode_tokens, dtps);
+    if (kvb) fprintf(stderr, ", KV %s (%s)", hb, name);
+    fprintf(stderr, "\nstats: prefill_tokens=%ld prefill_tps=%.2f decode_tokens=%ld decode_tps=%.2f kv_bytes=%zu",
+            s->prefill_tokens, ptps, s->decode_tokens, dtps, kvb);
     if (s->has_spec) fprintf(stderr, " spec_accept=%.4f", s->spec_accept);
     fprintf(stderr, "\n");
 }
 
-/* Encodes text; returns ids (malloc'd) and their count, NULL on failure. */
-static int *encode(const Tokenizer *tok, const char *text, size_t len, int *n) {
-    int cap = (int)(3 * len + 16);
-    int *ids = malloc((size_t)cap * sizeof(int));
-    *n = ids ? tok_encode(tok, text, len, ids, cap) : -1;
-    if (*n < 0) { free(ids); fprintf(stderr, "error: tokenizer failed on the prompt\n"); return NULL; }
-    return ids;
-}
+/* ---------------------------------------------------------- generation */
 
 typedef struct {
     Model *m;
@@ -298,8 +434,9 @@ typedef struct {
     Stats *st;
     Spec *spec;         /* NULL: plain decoding */
     float *logits;      /* [V] logits of the last position */
-    float *hidden;      /* [ctx, H] prefill hidden states, for the MTP head */
+    float *hidden;      /* [PREFILL_SLICE, H] prefill hidden states, for the MTP head */
     int stops[CFG_MAX_EOS + 1], n_stops;
+    Ids *reply;         /* NULL, or collects the emitted tokens */
 } Gen;
 
 static int is_stop(const Gen *g, int id) {
@@ -308,43 +445,73 @@ static int is_stop(const Gen *g, int id) {
     return 0;
 }
 
-/* Prints one token, never half a UTF-8 character. */
+/* Prints one token, never half a UTF-8 character, and records it. */
 static void emit(Gen *g, TokStream *ts, char *buf, size_t cap, int id) {
     size_t w = tok_stream_put(g->tok, ts, id, buf, cap);
     if (w != (size_t)-1) fwrite(buf, 1, w, stdout);
     fflush(stdout);
+    sampler_accept(g->smp, id);
+    if (g->reply) ids_push(g->reply, &id, 1);
 }
 
-/* Feeds ids (prefill), then samples up to n tokens, printing them. The
- * caches end as plain decoding leaves them: every emitted token but the
- * last one fed. Returns 0 ok (a full context only ends the reply), 1 on error. */
-static int generate(Gen *g, const int *ids, int n_ids, int n) {
-    char err[512];
-    if (kv_cache_len(g->kv) + n_ids > g->kv->cap) {
-        fprintf(stderr, "error: prompt of %d tokens does not fit the context of %d (%d already used; raise -c)\n",
-                n_ids, g->kv->cap, kv_cache_len(g->kv));
-        return 1;
-    }
+/* Feeds ids[0..n) in slices of PREFILL_SLICE, so a long prompt shows
+ * progress and the MTP head's hidden states need a slice's room (neither
+ * the logits nor the drafter's rows depend on how the prompt is sliced).
+ * 0, 1 on error (printed), or 130 when interrupted between slices (the
+ * caches then hold the slices fed). */
+static int prefill(Gen *g, const int *ids, int n, char *err, size_t errlen) {
+    Progress p;
+    progress_start(&p, "prompt", n);
     double t0 = now();
-    if (model_forward(g->m, g->kv, ids, n_ids, g->logits, 0, g->spec ? g->hidden : NULL, err, sizeof err) ||
-        (g->spec && spec_prefill(g->spec, g->hidden, ids, n_ids, err, sizeof err))) {
-        fprintf(stderr, "error: %s\n", err);
+    int rc = 0, off = 0;
+    while (off < n && !rc) {
+        int k = n - off < PREFILL_SLICE ? n - off : PREFILL_SLICE;
+        if (model_forward(g->m, g->kv, ids + off, k, g->logits, 0, g->spec ? g->hidden : NULL, err, errlen) ||
+            (g->spec && spec_prefill(g->spec, g->hidden, ids + off, k, err, errlen))) {
+            fprintf(stderr, "%serror: %s\n", p.shown ? "\n" : "", err);
+            rc = 1;
+            break;
+        }
+        for (int i = 0; i < k; i++) sampler_accept(g->smp, ids[off + i]);
+        off += k;
+        progress_show(&p, off);
+        if (g_interrupted && off < n) rc = 130;
+    }
+    progress_end(&p);
+    g->st->prefill_s += now() - t0;
+    g->st->prefill_tokens += off;
+    return rc;
+}
+
+/* Feeds ids (prefill), then samples up to n tokens (n < 0: no limit; 0:
+ * the prompt only),
+ * printing them. The caches end as plain decoding leaves them: every
+ * emitted token but the last one fed. Returns 0 ok (a full context only
+ * ends the reply), 1 on error, 130 when interrupted. */
+static int generate(Gen *g, const int *ids, int n_ids, int n) {
+    char err[1024];
+    const int used = kv_cache_len(g->kv);
+    if (used + n_ids > g->kv->cap) {
+        fprintf(stderr, "error: prompt of %d tokens does not fit the context of %d", n_ids, g->kv->cap);
+        if (used) fprintf(stderr, " (%d already used)", used);
+        fprintf(stderr, "; raise -c\n");
         return 1;
     }
-    g->st->prefill_s += now() - t0;
-    g->st->prefill_tokens += n_ids;
+    int rc = prefill(g, ids, n_ids, err, sizeof err);
+    if (rc || n == 0) return rc;
     TokStream ts = {0};
     size_t bufcap = tok_max_piece(g->tok) + 16;
     char *buf = malloc(bufcap);
-    int out[SPEC_MAX + 1], x = sampler_sample(g->smp, g->logits), count = 0, rc = 0;
-    t0 = now();
+    if (!buf) { fprintf(stderr, "error: out of memory\n"); return 1; }
+    int out[SPEC_MAX + 1], x = sampler_sample(g->smp, g->logits), count = 0;
+    double t0 = now();
     /* x: the next token to print, not yet in the cache */
     while (!is_stop(g, x)) {
         emit(g, &ts, buf, bufcap, x);
-        if (++count == n) break;
+        if (++count == n || g_interrupted) break;
         int P = kv_cache_len(g->kv);
         if (P >= g->kv->cap) {
-            fprintf(stderr, "\n[context full at %d tokens: stopping]\n", g->kv->cap);
+            fprintf(stderr, "%s[context full at %d tokens: stopping]\n", isatty(2) ? "\n" : "", g->kv->cap);
             break;
         }
         if (!g->spec || P + 2 > g->kv->cap) {
@@ -370,31 +537,149 @@ static int generate(Gen *g, const int *ids, int n_ids, int n) {
         g->st->decode_tokens++;
         x = out[got - 1];
     }
-    if (rc) fprintf(stderr, "error: %s\n", err);
+    if (rc) fprintf(stderr, "%serror: %s\n", isatty(2) ? "\n" : "", err);
     size_t w = tok_stream_flush(&ts, buf, bufcap);
     if (w != (size_t)-1) fwrite(buf, 1, w, stdout);
     fflush(stdout);
     free(buf);
     g->st->decode_s += now() - t0;
+    return rc ? rc : g_interrupted ? 130 : 0;
+}
+
+/* --------------------------------------------------------------- modes */
+
+/* A token's bytes in quotes, whole: characters as they are, control bytes,
+ * '"', '\\' and bytes that are not UTF-8 on their own as \xNN (a piece may
+ * hold half a character), so spaces and newlines stay visible. */
+static void print_piece(const char *p, size_t len) {
+    putchar('"');
+    for (size_t i = 0; i < len;) {
+        size_t k = 1;
+        while (k <= 4 && i + k <= len && !utf8_valid(p + i, k)) k++;
+        unsigned char c = (unsigned char)p[i];
+        if (k > 4 || i + k > len || c < 0x20 || c == '"' || c == '\\' || c == 0x7F) {
+            printf("\\x%02X", c);
+            i++;
+        } else {
+            fwrite(p + i, 1, k, stdout);
+            i += k;
+        }
+    }
+    putchar('"');
+}
+
+static int run_tokenize(Run *r) {
+    for (int i = 0; i < r->ids.n; i++) {
+        if (!r->a.show_pieces) {
+            printf(i ? " %d" : "%d", r->ids.v[i]);
+            continue;
+        }
+        size_t len;
+        const char *p = tok_piece(&r->tok, r->ids.v[i], &len);
+        printf("%d\t", r->ids.v[i]);
+        print_piece(p, len);
+        printf("\n");
+    }
+    if (!r->a.show_pieces) printf("\n");
+    return 0;
+}
+
+/* Token ids (separated by blanks or commas) back to text; every id is
+ * checked before any text is printed. */
+static int run_detokenize(Run *r) {
+    const char *s = r->text;
+    Ids ids = {0};
+    for (int k = 0;; k++) {
+        while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r' || *s == ',') s++;
+        if (!*s) break;
+        char *end = (char *)s;
+        errno = 0;
+        long id = *s >= '0' && *s <= '9' ? strtol(s, &end, 10) : -1;
+        size_t len;
+        if (id < 0 || id > INT32_MAX || errno || !strchr(" \t\n\r,", *end) || !tok_piece(&r->tok, (int)id, &len)) {
+            fprintf(stderr, "error: detokenize: item %d: expected a token id in 0..%d, found '%.*s'\n", k,
+                    tok_vocab_size(&r->tok) - 1, (int)strcspn(s, " \t\n\r,"), s);
+            free(ids.v);
+            return 1;
+        }
+        int i = (int)id;
+        if (ids_push(&ids, &i, 1)) { fprintf(stderr, "error: out of memory\n"); free(ids.v); return 1; }
+        s = end;
+    }
+    /* the stream decoder joins pieces that split a UTF-8 character */
+    TokStream ts = {0};
+    size_t cap = tok_max_piece(&r->tok) + 16, w;
+    char *buf = malloc(cap);
+    if (!buf) fprintf(stderr, "error: out of memory\n");
+    for (int i = 0; buf && i < ids.n; i++)
+        if ((w = tok_stream_put(&r->tok, &ts, ids.v[i], buf, cap)) != (size_t)-1) fwrite(buf, 1, w, stdout);
+    if (buf && (w = tok_stream_flush(&ts, buf, cap)) != (size_t)-1) fwrite(buf, 1, w, stdout);
+    const int rc = buf ? 0 : 1;
+    free(ids.v);
+    free(buf);
+    return rc;
+}
+
+/* One file with config, tokenizer and weights (model/source.h). */
+static int run_pack(Run *r) {
+    static const char *const names[] = SOURCE_FILES;
+    const int n_names = (int)(sizeof names / sizeof *names);
+    const char *keys[8], *vals[8];
+    size_t lens[8];
+    char *texts[8] = {0}, err[1024];
+    int n = 0, rc = 1;
+    TensorStore ts = {0};
+    double t0 = now();
+    /* what is packed must load: the tokenizer (main read it) and the config */
+    if (source_config(&r->src, &r->cfg, err, sizeof err)) goto done;
+    for (int i = 0; i < n_names; i++) {
+        int absent;
+        size_t len;
+        texts[i] = source_read(&r->src, names[i], TOK_MAX_JSON, &len, &absent, err, sizeof err);
+        if (!texts[i] && !absent) goto done;
+        if (texts[i]) keys[n] = names[i], vals[n] = texts[i], lens[n++] = len;
+    }
+    if (source_tensors(&r->src, &ts, err, sizeof err) || st_write(r->a.out, &ts, keys, vals, lens, n, err, sizeof err))
+        goto done;
+    size_t bytes = 0;
+    for (int i = 0; i < ts.n_tensors; i++) bytes += ts.tensors[i].nbytes;
+    char hb[32];
+    human_bytes((double)bytes, hb, sizeof hb);
+    fprintf(stderr, "wrote %s: %d tensors (%s) and %d JSON files, in %.1f s\n", r->a.out, ts.n_tensors, hb, n,
+            now() - t0);
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "error: %s\n", err);
+    for (int i = 0; i < n_names; i++) free(texts[i]);
+    st_close(&ts);
     return rc;
 }
 
 /* Perplexity over non-overlapping windows of ctx tokens; each window starts
  * from an empty cache and scores every token after its first. */
-static int run_ppl(Model *m, KVCache *kv, const int *ids, int n, Stats *st) {
-    const int V = m->cfg.vocab_size, B = 64;
+static int run_ppl(Run *r, KVCache *kv) {
+    const int V = r->m.cfg.vocab_size, B = 64, n = r->ids.n;
+    const int *ids = r->ids.v;
+    if (n < 2 || kv->cap < 2) {
+        if (n < 2) fprintf(stderr, "error: -m ppl needs at least 2 tokens to score, found %d\n", n);
+        else fprintf(stderr, "error: -m ppl needs windows of at least 2 tokens (-c), found %d\n", kv->cap);
+        return 1;
+    }
     float *lg = malloc((size_t)B * V * sizeof(float));
-    char err[512];
-    double nll = 0;
+    if (!lg) { fprintf(stderr, "error: out of memory\n"); return 1; }
+    char err[1024];
+    double nll = 0, t0 = now();
     long count = 0;
     int nwin = (n + kv->cap - 1) / kv->cap;
-    for (int w = 0, start = 0; start < n - 1; w++, start += kv->cap) {
+    Progress p;
+    progress_start(&p, "ppl", n);
+    for (int w = 0, start = 0; start < n - 1 && !g_interrupted; w++, start += kv->cap) {
         int len = n - start < kv->cap ? n - start : kv->cap;
         kv_cache_truncate(kv, 0);
-        double t0 = now();
-        for (int off = 0; off < len; off += B) {
+        for (int off = 0; off < len && !g_interrupted; off += B) {
             int nb = len - off < B ? len - off : B;
-            if (model_forward(m, kv, ids + start + off, nb, lg, 1, NULL, err, sizeof err)) {
+            if (model_forward(&r->m, kv, ids + start + off, nb, lg, 1, NULL, err, sizeof err)) {
+                progress_end(&p);
                 fprintf(stderr, "error: %s\n", err);
                 free(lg);
                 return 1;
@@ -408,286 +693,553 @@ static int run_ppl(Model *m, KVCache *kv, const int *ids, int n, Stats *st) {
                 nll += log(sum) + mx - row[ids[start + off + i + 1]];
                 count++;
             }
+            progress_show(&p, start + off + nb);
         }
-        st->prefill_s += now() - t0;
-        st->prefill_tokens += len;
-        fprintf(stderr, "window %d/%d: %d tokens, ppl so far %.4f\n", w + 1, nwin, len, exp(nll / (count ? count : 1)));
+        progress_end(&p);
+        if (nwin > 1) fprintf(stderr, "window %d/%d: %d tokens, ppl so far %.4f\n", w + 1, nwin, len,
+                              exp(nll / (count ? count : 1)));
+        r->st.prefill_tokens += len;
     }
+    r->st.prefill_s = now() - t0;
     free(lg);
+    if (g_interrupted) fprintf(stderr, "[interrupted: ppl over the first %ld tokens]\n", count);
     printf("ppl %.4f tokens %ld\n", exp(nll / (count ? count : 1)), count);
-    return 0;
+    return g_interrupted ? 130 : 0;
 }
 
-static int run_logits(Model *m, KVCache *kv, const int *ids, int n, const char *out, Stats *st) {
-    const int V = m->cfg.vocab_size, B = 64;
-    FILE *f = fopen(out, "wb");
-    if (!f) { fprintf(stderr, "error: %s: cannot write: %s\n", out, strerror(errno)); return 1; }
+static int run_logits(Run *r, KVCache *kv) {
+    const int V = r->m.cfg.vocab_size, B = 64, n = r->ids.n;
+    FILE *f = fopen(r->a.out, "wb");
+    if (!f) { fprintf(stderr, "error: -o %s: cannot write: %s\n", r->a.out, strerror(errno)); return 1; }
     float *lg = malloc((size_t)B * V * sizeof(float));
-    char err[512];
+    char err[1024];
     double t0 = now();
-    int rc = 0;
-    for (int off = 0; off < n && rc == 0; off += B) {
+    int rc = lg ? 0 : 1;
+    if (!lg) fprintf(stderr, "error: out of memory\n");
+    for (int off = 0; off < n && rc == 0 && !g_interrupted; off += B) {
         int nb = n - off < B ? n - off : B;
-        if (model_forward(m, kv, ids + off, nb, lg, 1, NULL, err, sizeof err)) {
+        if (model_forward(&r->m, kv, r->ids.v + off, nb, lg, 1, NULL, err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);
             rc = 1;
         } else if (fwrite(lg, sizeof(float), (size_t)nb * V, f) != (size_t)nb * V) {
-            fprintf(stderr, "error: %s: write failed\n", out);
+            fprintf(stderr, "error: -o %s: write failed\n", r->a.out);
             rc = 1;
         }
     }
-    if (fclose(f) != 0 && rc == 0) { fprintf(stderr, "error: %s: write failed\n", out); rc = 1; }
-    st->prefill_s = now() - t0;
-    st->prefill_tokens = n;
+    if (fclose(f) != 0 && rc == 0) { fprintf(stderr, "error: -o %s: write failed\n", r->a.out); rc = 1; }
+    r->st.prefill_s = now() - t0;
+    r->st.prefill_tokens = n;
     free(lg);
-    if (rc == 0) fprintf(stderr, "wrote %d x %d logits to %s\n", n, V, out);
-    return rc;
-}
-
-/* Interactive (or scripted) chat: the first user message is -i, the rest are
- * stdin lines. The KV cache is kept between turns: each turn feeds only the
- * text that closes the last reply and opens the next one. */
-static int run_chat(Gen *g, const Args *a) {
-    char line[65536];
-    const char *user = a->prompt;
-    int turn = 0, rc = 0;
-    int tty = isatty(0);
-    for (;;) {
-        if (!user) {
-            if (tty) fprintf(stderr, "> ");
-            if (!fgets(line, sizeof line, stdin)) break;
-            line[strcspn(line, "\n")] = 0;
-            user = line;
-        }
-        char *text = turn == 0 ? chat_first_turn(a->system, user, a->think) : chat_next_turn(user, a->think);
-        if (!text) { fprintf(stderr, "error: out of memory\n"); return 1; }
-        int n;
-        int *ids = encode(g->tok, text, strlen(text), &n);
-        free(text);
-        if (!ids) return 1;
-        rc = generate(g, ids, n, a->n);
-        free(ids);
-        printf("\n");
-        fflush(stdout);
-        if (rc) break;
-        user = NULL;
-        turn++;
+    if (rc == 0 && g_interrupted) {
+        fprintf(stderr, "[interrupted: %s holds the logits of the first positions only]\n", r->a.out);
+        return 130;
     }
+    if (rc == 0) fprintf(stderr, "wrote %d x %d logits to %s\n", n, V, r->a.out);
     return rc;
 }
 
-int main(int argc, char **argv) {
-    Args a;
-    int rc = parse_args(argc, argv, &a);
-    if (rc) return rc == 1 ? 0 : 2;
-    if (a.threads) omp_set_num_threads(a.threads);
-    char model_buf[4200], err[4600];
-    const char *dir = a.model ? a.model : default_model(model_buf, sizeof model_buf);
-    KVSpec spec, specs[64];
-    int n_specs = 0, is_compare = strcmp(a.mode, "compare") == 0;
-    const int other = a.wq_q8 || a.act_bf16; /* compare: matmuls other than the reference's */
-    if (is_compare && parse_compare_list(a.set_kv ? a.kv : NULL, other, specs, &n_specs, err, sizeof err))
-        return usage_error("%s", err);
-    if (!is_compare && kv_spec_parse(a.kv, &spec, err, sizeof err)) return usage_error("%s", err);
-    if (is_compare) spec = specs[0];
+static void compare_progress(void *p, long done, long total) {
+    ((Progress *)p)->total = total;
+    progress_show(p, done);
+}
 
-    Stats st = {0};
-    Tokenizer tok;
-    if (tok_init(&tok, dir, err, sizeof err)) {
+static int run_compare(Run *r) {
+    char err[1024];
+    CompareRow rows[64];
+    /* the reference keeps the stored weights and f32 inputs: a second load
+     * of the same files when m was converted or relaid for bf16 inputs, in
+     * memory (bf16 in panels), so that its numbers are those of the same
+     * run without -wq or -act */
+    Model ref;
+    const int two = r->a.wq_q8 || r->a.act_bf16;
+    int n_gen = r->a.set_n && r->a.n >= 0 ? r->a.n : 64;
+    if (two && model_load_source(&ref, &r->src, 0, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         return 1;
     }
-    /* the text to work on: -i, -f, or the default prompt */
-    char *text = NULL;
-    size_t text_len = 0;
-    if (a.prompt_file) {
-        text = read_file(a.prompt_file, &text_len);
-        if (!text) { tok_free(&tok); return 1; }
-    } else if (strcmp(a.mode, "chat") != 0) {
-        const char *p = a.prompt ? a.prompt : DEFAULT_PROMPT;
-        text = strdup(p);
-        text_len = strlen(p);
+    const char *what = r->a.wq_q8 ? "q8" : "act bf16";
+    int rc = 0;
+    Progress p;
+    progress_start(&p, "compare", 0);
+    int bad = compare_run(two ? &ref : &r->m, &r->m, what, r->specs, r->n_specs, r->ids.v, r->ids.n, r->ctx, n_gen,
+                          rows, compare_progress, &p, err, sizeof err);
+    progress_end(&p);
+    if (bad ||
+        (r->a.out && compare_write(r->a.out, rows, r->n_specs, r->src.path, err, sizeof err))) {
+        fprintf(stderr, "error: %s\n", err);
+        rc = 1;
+    } else {
+        int scored = r->ids.n < r->ctx - n_gen ? r->ids.n : r->ctx - n_gen;
+        compare_print(stdout, rows, r->n_specs, r->src.path, scored);
+        if (r->a.out) fprintf(stderr, "wrote %s\n", r->a.out);
     }
-    int n_ids = 0, *ids = NULL;
-    if (text) {
-        ids = encode(&tok, text, text_len, &n_ids);
-        if (!ids) { free(text); tok_free(&tok); return 1; }
+    if (two) model_free(&ref);
+    return rc;
+}
+
+/* The sampler from the options, else generation_config.json, else
+ * llama.cpp's defaults; prints what it chose. */
+static int sampler_open(Run *r, Sampler *smp) {
+    const Args *a = &r->a;
+    const GenDefaults *gd = &r->gd;
+    float temp = a->set_temp ? a->temp : gd->present ? (gd->do_sample ? (float)gd->temperature : 0) : 0.8f;
+    float top_p = a->set_top_p ? a->top_p : gd->present ? (float)gd->top_p : 0.95f;
+    int top_k = a->set_top_k ? a->top_k : gd->present ? gd->top_k : 40;
+    float min_p = a->set_min_p ? a->min_p : gd->present ? (float)gd->min_p : 0.05f;
+    unsigned long long seed = a->seed;
+    if (!a->set_seed) {
+        /* nanoseconds and the process id: two runs in one second differ */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        seed = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+        seed ^= (unsigned long long)getpid() << 40;
     }
-    if (strcmp(a.mode, "tokenize") == 0) {
-        for (int i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", ids[i]);
-        printf("\n");
-        print_stats(&st);
-        free(ids);
-        free(text);
-        tok_free(&tok);
+    fprintf(stderr, "sampling: temperature %.2f top-k %d top-p %.2f min-p %.2f seed %llu", temp, top_k, top_p, min_p,
+            seed);
+    if (a->repeat_n > 0 && (a->repeat != 1 || a->frequency != 0 || a->presence != 0))
+        fprintf(stderr, "; penalties over %d tokens: repeat %.2f frequency %.2f presence %.2f", a->repeat_n,
+                a->repeat, a->frequency, a->presence);
+    fprintf(stderr, "\n");
+    if (sampler_init(smp, r->m.cfg.vocab_size, temp, top_k, top_p, min_p, seed) ||
+        sampler_set_penalties(smp, a->repeat_n, a->repeat, a->frequency, a->presence)) {
+        fprintf(stderr, "error: out of memory for the sampler\n");
+        return 1;
+    }
+    return 0;
+}
+
+/* The MTP drafter, when the model has one and -spec asks for it. */
+static int spec_open(Run *r, Gen *g, KVCache *mkv, Spec *sp) {
+    char err[1024];
+    Model *m = &r->m;
+    int n_draft = r->a.spec < 0 ? (m->has_mtp ? 3 : 0) : r->a.spec;
+    if (n_draft > 0 && !m->has_mtp) {
+        fprintf(stderr, "warning: -spec %d: %s has no MTP head; decoding without speculation\n", n_draft,
+                r->src.path);
         return 0;
     }
+    if (n_draft > 0 && sampler_penalizes(g->smp)) {
+        fprintf(stderr, "speculative decoding off: penalties make each token's distribution depend on the drafts "
+                        "before it\n");
+        return 0;
+    }
+    if (n_draft == 0) return 0;
+    g->hidden = malloc((size_t)PREFILL_SLICE * m->cfg.hidden * sizeof(float));
+    if (!g->hidden || (r->a.draft_q8 && model_quantize(m, MODEL_DRAFT, err, sizeof err)) ||
+        model_kv_init(m, mkv, &r->spec, r->ctx, 1, err, sizeof err) ||
+        spec_init(sp, m, g->kv, mkv, g->smp, n_draft, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", g->hidden ? err : "out of memory");
+        return 1;
+    }
+    g->spec = sp;
+    fprintf(stderr, "speculative decoding: %d MTP drafts per step, drafter weights %s\n", n_draft,
+            r->a.draft_q8 ? "q8" : r->a.wq_q8 ? "as stored, output matrix q8 (-wq)" : "as stored");
+    return 0;
+}
 
+/* A chat: what the cache holds, turn by turn, so that turns can be
+ * dropped from the front when the context fills and the rest fed again. */
+typedef struct {
+    Ids sys;              /* the system block's tokens */
+    Ids *turns;           /* [n_turns] a turn's user block, its reply and the close */
+    int n_turns;
+    Ids close;            /* "<|im_end|>\n": ends a reply in the cache */
+    int stale;            /* the cache holds less than the turns say (Ctrl-C in a prompt): feed again */
+} Chat;
+
+/* A chat message longer than this is refused (about 20 M tokens). */
+#define MAX_MESSAGE_BYTES (64u << 20)
+
+/* One line from stdin (any length), NULL at the end or on Ctrl-C. */
+static char *read_line(char **line, size_t *cap, size_t *len) {
+    ssize_t n = getline(line, cap, stdin);
+    if (n < 0) return NULL;
+    if (n > 0 && (*line)[n - 1] == '\n') (*line)[--n] = 0;
+    *len = (size_t)n;
+    return *line;
+}
+
+/* The tokens to feed before a reply to the user block u: the system
+ * block and u into an empty cache, else the close of the last reply and u.
+ * When those and room for a reply do not fit (or the cache is stale), the
+ * oldest turns that no longer fit are dropped and the rest fed again from
+ * an empty cache. 0 ok; 1 u alone does not fit (refused, said why); -1 out
+ * of memory. */
+static int chat_feed(Run *r, Gen *g, Chat *c, const Ids *u, Ids *feed) {
+    const int cap = g->kv->cap, reserve = r->a.n > 0 && r->a.n < cap / 2 ? r->a.n : cap / 4;
+    const int len = kv_cache_len(g->kv);
+    feed->n = 0;
+    if (!c->stale && len + (len ? c->close.n : c->sys.n) + u->n + reserve <= cap)
+        return len ? ids_push(feed, c->close.v, c->close.n) || ids_push(feed, u->v, u->n)
+                   : ids_push(feed, c->sys.v, c->sys.n) || ids_push(feed, u->v, u->n);
+    if (c->sys.n + u->n + reserve > cap) {
+        fprintf(stderr, "error: this message of %d tokens (with the system prompt and room for a reply) does not "
+                        "fit the context of %d; raise -c\n", u->n, cap);
+        return 1;
+    }
+    /* the newest turns that fit with the system block and u */
+    int drop = c->n_turns, need = c->sys.n + u->n + reserve;
+    for (int i = c->n_turns - 1; i >= 0 && need + c->turns[i].n <= cap; i--) need += c->turns[i].n, drop = i;
+    if (drop) fprintf(stderr, "[context full: dropped the oldest %d of %d turns]\n", drop, c->n_turns);
+    for (int i = 0; i < drop; i++) free(c->turns[i].v);
+    memmove(c->turns, c->turns + drop, (size_t)(c->n_turns - drop) * sizeof *c->turns);
+    c->n_turns -= drop;
+    kv_cache_truncate(g->kv, 0);
+    if (g->spec) spec_reset(g->spec);
+    c->stale = 0;
+    int bad = ids_push(feed, c->sys.v, c->sys.n);
+    for (int i = 0; i < c->n_turns; i++) bad |= ids_push(feed, c->turns[i].v, c->turns[i].n);
+    return bad || ids_push(feed, u->v, u->n) ? -1 : 0;
+}
+
+/* Records the turn just generated as the cache holds it: u, the reply's
+ * tokens that were fed (a reply cut by -n, a full context or Ctrl-C
+ * leaves its last token unfed), and the close the next turn feeds. A
+ * prompt cut short by Ctrl-C is not a turn: the cache is marked stale. */
+static int chat_record(Gen *g, Chat *c, const Ids *u, const Ids *feed, const Ids *reply, int before) {
+    int held = kv_cache_len(g->kv) - before - feed->n;
+    if (held < 0) {
+        c->stale = 1;
+        return 0;
+    }
+    held = held > reply->n ? reply->n : held;
+    Ids turn = {0};
+    Ids *nt = realloc(c->turns, (size_t)(c->n_turns + 1) * sizeof *c->turns);
+    if (nt) c->turns = nt;
+    if (!nt || ids_push(&turn, u->v, u->n) || ids_push(&turn, reply->v, held) ||
+        ids_push(&turn, c->close.v, c->close.n)) {
+        free(turn.v);
+        return -1;
+    }
+    c->turns[c->n_turns++] = turn;
+    return 0;
+}
+
+/* Interactive (or scripted) chat: the first user message is -i or -f, the
+ * rest are stdin lines. The cache is kept between turns: each turn feeds
+ * only the text that closes the last reply and opens the next one. Ctrl-C
+ * ends a reply and returns to the prompt; at the prompt it ends the chat.
+ * A message that cannot fit is refused and the chat goes on; the exit code
+ * then says so (1). Empty messages are skipped. */
+static int run_chat(Run *r, Gen *g) {
+    Chat c = {0};
+    Ids u = {0}, feed = {0}, reply = {0};
+    char *line = NULL, *sys = chat_system(r->a.system);
+    size_t cap = 0, n = r->text_len;
+    const char *user = r->text;
+    int rc = 0, refused = 0, tty = isatty(0);
+    g->reply = &reply;
+    if (!sys || encode(g->tok, sys, strlen(sys), &c.sys) || encode(g->tok, CHAT_CLOSE, strlen(CHAT_CLOSE), &c.close)) {
+        if (!sys) fprintf(stderr, "error: out of memory in the chat\n");
+        rc = 1;
+    }
+    while (rc == 0) {
+        if (!user) {
+            if (tty) fprintf(stderr, "> ");
+            g_interrupted = 0;
+            if (!(user = read_line(&line, &cap, &n))) break;
+        }
+        if (n > MAX_MESSAGE_BYTES) {
+            fprintf(stderr, "error: a message of %zu bytes: expected at most 64 MiB\n", n);
+            refused++, user = NULL;
+            continue;
+        }
+        char *text = n ? chat_user(user, r->a.think) : NULL;
+        user = NULL;
+        if (!n) continue;
+        int f = !text || encode(g->tok, text, strlen(text), &u) ? -1 : chat_feed(r, g, &c, &u, &feed);
+        free(text);
+        if (f > 0) { refused++; continue; }
+        reply.n = 0;
+        const int before = f ? 0 : kv_cache_len(g->kv);
+        if (f == 0 && generate(g, feed.v, feed.n, r->a.n) == 1) rc = 1;
+        if (f == 0) printf("\n"), fflush(stdout);
+        if (f < 0 || chat_record(g, &c, &u, &feed, &reply, before)) {
+            fprintf(stderr, "error: out of memory in the chat\n");
+            rc = 1;
+        }
+    }
+    if (rc == 0 && g_interrupted) rc = 130;
+    if (rc == 0 && refused) rc = 1;
+    for (int i = 0; i < c.n_turns; i++) free(c.turns[i].v);
+    free(c.turns), free(c.sys.v), free(c.close.v), free(u.v), free(feed.v), free(reply.v), free(line), free(sys);
+    g->reply = NULL;
+    return rc;
+}
+
+/* generate and chat: sampler, drafter, then the loop. */
+static int run_generate(Run *r, KVCache *kv) {
+    Sampler smp = {0};
+    KVCache mkv = {0};
+    Spec sp;
+    Gen g = {.m = &r->m, .kv = kv, .tok = &r->tok, .smp = &smp, .st = &r->st};
+    for (int i = 0; i < r->m.cfg.n_eos; i++) g.stops[g.n_stops++] = r->m.cfg.eos_ids[i];
+    const int chat = strcmp(r->a.mode, "chat") == 0;
+    if (chat) {
+        int im_end = tok_find(&r->tok, "<|im_end|>");
+        if (im_end >= 0) g.stops[g.n_stops++] = im_end;
+    }
+    g.logits = malloc((size_t)r->m.cfg.vocab_size * sizeof(float));
+    int rc = !g.logits || sampler_open(r, &smp) || spec_open(r, &g, &mkv, &sp);
+    if (!g.logits) fprintf(stderr, "error: out of memory\n");
+    catch_sigint();
+    if (rc == 0 && chat) rc = run_chat(r, &g);
+    else if (rc == 0) {
+        fwrite(r->text, 1, r->text_len, stdout);
+        rc = generate(&g, r->ids.v, r->ids.n, r->a.n);
+        printf("\n");
+        fflush(stdout);
+    }
+    if (g.spec) {
+        spec_print_stats(g.spec, stderr);
+        r->st.spec_accept = g.spec->drafted ? (double)spec_accepted(g.spec) / g.spec->drafted : 0;
+        r->st.has_spec = 1;
+        spec_free(g.spec);
+    }
+    if (rc != 1 && (r->st.prefill_tokens || r->st.decode_tokens)) print_stats(r, kv);
+    if (mkv.k) kv_cache_free(&mkv);
+    free(g.hidden);
+    sampler_free(&smp);
+    free(g.logits);
+    return rc;
+}
+
+/* --------------------------------------------------------------- steps */
+
+/* The model's tokenizer, from its folder or its single file. */
+static int open_tokenizer(Run *r) {
+    char err[1024], path[4200], cpath[4200];
+    size_t n = 0, cn = 0;
+    int absent, cabsent;
+    char *json = source_read(&r->src, "tokenizer.json", TOK_MAX_JSON, &n, &absent, err, sizeof err), *cfg = NULL;
+    if (!json && absent)
+        snprintf(err, sizeof err, "%s%s: no tokenizer.json (every model has one)", r->src.dir ? r->src.dir : r->src.path,
+                 r->src.dir ? "/" : "");
+    if (json) cfg = source_read(&r->src, "tokenizer_config.json", TOK_MAX_CONFIG, &cn, &cabsent, err, sizeof err);
+    int rc = !json || (!cfg && !cabsent);
+    if (!rc) {
+        snprintf(path, sizeof path, r->src.dir ? "%s/tokenizer.json" : "%s[tokenizer.json]", r->src.path);
+        snprintf(cpath, sizeof cpath, r->src.dir ? "%s/tokenizer_config.json" : "%s[tokenizer_config.json]",
+                 r->src.path);
+        rc = tok_load(&r->tok, json, n, path, cfg, cn, cpath, err, sizeof err) != 0;
+    }
+    if (rc) fprintf(stderr, "error: %s\n", err);
+    free(json);
+    free(cfg);
+    return rc;
+}
+
+/* The text to work on: -i, -f, or the default prompt (none in chat), and
+ * its tokens. */
+static int read_text(Run *r) {
+    if (r->a.prompt_file) {
+        char err[1024];
+        r->text = file_read_any(r->a.prompt_file, 64u << 20, &r->text_len, err, sizeof err);
+        if (!r->text) { fprintf(stderr, "error: -f %s\n", err); return 1; }
+    } else if (r->a.prompt || strcmp(r->a.mode, "chat") != 0) {
+        const char *p = r->a.prompt ? r->a.prompt : DEFAULT_PROMPT;
+        r->text = strdup(p);
+        r->text_len = strlen(p);
+        if (!r->text) { fprintf(stderr, "error: out of memory\n"); return 1; }
+    }
+    if (!strcmp(r->a.mode, "chat") || !strcmp(r->a.mode, "detokenize") || !r->text) return 0;
+    return encode(&r->tok, r->text, r->text_len, &r->ids) ? 1 : 0;
+}
+
+/* The KV scheme(s) from -kv, -ctk and -ctv; -1 with err. */
+static int parse_schemes(Run *r, char *err, size_t errlen) {
+    const Args *a = &r->a;
+    if (!strcmp(a->mode, "compare")) {
+        const int other = a->wq_q8 || a->act_bf16;
+        kv_spec_parse("f32", &r->specs[0], err, errlen);
+        r->n_specs = 1;
+        /* with other weights, f32 comes again as the first scheme: the weights' cost alone */
+        if (other) r->specs[r->n_specs++] = r->specs[0];
+        if (!a->kv) {
+            for (int i = 0; i < kv_n_schemes; i++)
+                if (strcmp(kv_schemes[i]->name, "f32") && kv_spec_parse(kv_schemes[i]->name, &r->specs[r->n_specs++],
+                                                                        err, errlen))
+                    return -1;
+        } else {
+            char buf[1024];
+            snprintf(buf, sizeof buf, "%s", a->kv);
+            char *save = NULL;
+            for (char *it = strtok_r(buf, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
+                if (r->n_specs >= 64) {
+                    snprintf(err, errlen, "-kv: expected at most 63 schemes to compare, found more");
+                    return -1;
+                }
+                KVSpec *s = &r->specs[r->n_specs];
+                if (kv_spec_parse(it, s, err, errlen)) return -1;
+                if (!(s->k == r->specs[0].k && s->v == r->specs[0].v)) r->n_specs++;
+            }
+        }
+        if (r->n_specs == 1 + other) {
+            snprintf(err, errlen, "-kv %s: expected schemes to compare besides the f32 reference", a->kv);
+            return -1;
+        }
+        r->spec = r->specs[0];
+        return 0;
+    }
+    if (kv_spec_parse(a->kv ? a->kv : "f16", &r->spec, err, errlen)) return -1;
+    /* -ctk and -ctv name one scheme each, replacing that half of -kv's */
+    const char *half[2] = {a->ctk, a->ctv}, *name[2] = {"-ctk", "-ctv"};
+    for (int i = 0; i < 2; i++) {
+        KVSpec s;
+        char e[512];
+        if (!half[i]) continue;
+        if (strchr(half[i], '/') || kv_spec_parse(half[i], &s, e, sizeof e)) {
+            /* kv_spec_parse's lines start with "-kv": name the option given */
+            snprintf(err, errlen, "%s: expected one scheme, found '%s'%s%s", name[i], half[i],
+                     strchr(half[i], '/') ? "" : ": ", strchr(half[i], '/') ? "" : e + (strncmp(e, "-kv", 3) ? 0 : 5));
+            return -1;
+        }
+        if (i == 0) r->spec.k = s.k, r->spec.ko = s.ko;
+        else r->spec.v = s.v, r->spec.vo = s.vo;
+    }
+    return 0;
+}
+
+/* config.json, the vocabulary check, the weights (-wq, -act) and
+ * generation_config.json. */
+static int open_model(Run *r) {
+    char err[1024];
     /* the vocabulary check comes first: a mismatched tokenizer would also
      * show up as an embedding shape error, which names the wrong culprit */
-    Model m;
-    GenDefaults gd;
-    Config cfg;
-    int bad = config_load(&cfg, dir, err, sizeof err) != 0;
-    if (!bad && tok_vocab_size(&tok) > cfg.vocab_size) {
-        snprintf(err, sizeof err, "%s/config.json: vocab_size %d is smaller than the tokenizer's %d tokens", dir,
-                 cfg.vocab_size, tok_vocab_size(&tok));
-        bad = 1;
+    if (source_config(&r->src, &r->cfg, err, sizeof err)) goto fail;
+    if (tok_vocab_size(&r->tok) > r->cfg.vocab_size) {
+        snprintf(err, sizeof err, "%s: vocab_size %d in config.json is smaller than the tokenizer's %d tokens",
+                 r->src.path, r->cfg.vocab_size, tok_vocab_size(&r->tok));
+        goto fail;
     }
     /* weights read into memory (faster decode) unless RUN_MMAP=1, or -wq q8
      * converts them anyway (a copy would only leave the originals resident) */
     const char *keep = getenv("RUN_MMAP");
-    const int mapped = a.wq_q8 || (keep && strcmp(keep, "1") == 0);
-    if (!bad && model_load(&m, dir, (mapped ? MODEL_MAPPED : 0) | (a.act_bf16 ? MODEL_ACT_BF16 : 0), err, sizeof err))
-        bad = 1;
-    if (!bad && a.wq_q8) {
+    const int mapped = r->a.wq_q8 || (keep && strcmp(keep, "1") == 0);
+    if (model_load_source(&r->m, &r->src, (mapped ? MODEL_MAPPED : 0) | (r->a.act_bf16 ? MODEL_ACT_BF16 : 0), err,
+                          sizeof err))
+        goto fail;
+    r->have_model = 1;
+    if (r->a.wq_q8) {
         double t0 = now();
-        if (model_quantize(&m, MODEL_MAIN, err, sizeof err)) {
-            model_free(&m);
-            bad = 1;
-        } else {
-            fprintf(stderr, "weights: q8, converted in %.2f s\n", now() - t0);
-        }
+        if (model_quantize(&r->m, MODEL_MAIN, err, sizeof err)) goto fail;
+        fprintf(stderr, "weights: q8, converted in %.2f s\n", now() - t0);
     }
-    if (!bad && config_load_generation(&m.cfg, &gd, dir, err, sizeof err)) {
-        model_free(&m);
-        bad = 1;
+    if (source_generation(&r->src, &r->m.cfg, &r->gd, err, sizeof err)) goto fail;
+    return 0;
+fail:
+    fprintf(stderr, "error: %s\n", err);
+    return 1;
+}
+
+/* The context: -c, else per mode, never past the model's positions. */
+static int choose_context(Run *r) {
+    const char *mode = r->a.mode;
+    int is_ppl = !strcmp(mode, "ppl"), per_text = !strcmp(mode, "logits") || !strcmp(mode, "kvstats");
+    int n_gen = r->a.set_n && r->a.n >= 0 ? r->a.n : 64;
+    int ctx = r->a.ctx ? r->a.ctx : is_ppl ? 512 : per_text ? (r->ids.n > 0 ? r->ids.n : 1)
+                                  : !strcmp(mode, "compare") ? r->ids.n + n_gen : 4096;
+    if (ctx > r->m.cfg.max_pos) {
+        if (r->a.ctx)
+            fprintf(stderr, "warning: -c %d is above the model's %d positions (max_position_embeddings): using %d\n",
+                    ctx, r->m.cfg.max_pos, r->m.cfg.max_pos);
+        ctx = r->m.cfg.max_pos;
     }
-    if (bad) {
-        fprintf(stderr, "error: %s\n", err);
-        free(ids);
-        free(text);
-        tok_free(&tok);
+    r->ctx = ctx;
+    if (per_text && r->ids.n > ctx) {
+        fprintf(stderr, "error: prompt of %d tokens does not fit the context of %d (raise -c)\n", r->ids.n, ctx);
         return 1;
     }
-    rc = 0;
-    int is_ppl = strcmp(a.mode, "ppl") == 0, is_logits = strcmp(a.mode, "logits") == 0;
-    int is_kvstats = strcmp(a.mode, "kvstats") == 0;
-    int n_gen = a.set_n ? a.n : 64;
-    int ctx = a.ctx ? a.ctx : is_ppl ? 512 : is_logits || is_kvstats ? (n_ids > 0 ? n_ids : 1)
-                            : is_compare ? n_ids + n_gen : 4096;
-    /* no mode runs past the positions the model was trained for */
-    if (ctx > m.cfg.max_pos) {
-        if (a.ctx)
-            fprintf(stderr, "warning: -c %d is above the model's %d positions (max_position_embeddings): using %d\n",
-                    ctx, m.cfg.max_pos, m.cfg.max_pos);
-        ctx = m.cfg.max_pos;
+    if (r->ids.n == 0 && strcmp(mode, "chat") != 0) {
+        fprintf(stderr, "error: the prompt is empty: nothing to %s\n", mode);
+        return 1;
     }
-    if (rc == 0 && (is_logits || is_kvstats) && n_ids > ctx) {
-        fprintf(stderr, "error: prompt of %d tokens does not fit the context of %d (raise -c)\n", n_ids, ctx);
-        rc = 1;
+    return 0;
+}
+
+/* The cache, after checking it fits in memory: an absurd -c gets a line
+ * about memory, not an allocation failure. */
+static int open_cache(Run *r, KVCache *kv) {
+    char err[1024];
+    const Config *c = &r->m.cfg;
+    const double per_pos = (double)c->n_layers * c->n_kv_heads *
+                           (r->spec.k->bits(c->head_dim, &r->spec.ko) + r->spec.v->bits(c->head_dim, &r->spec.vo)) *
+                           c->head_dim / 8;
+    const double need = per_pos * r->ctx, have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (have > 0 && need > have) {
+        char hn[32], hh[32];
+        human_bytes(need, hn, sizeof hn);
+        human_bytes(have, hh, sizeof hh);
+        fprintf(stderr, "error: a context of %d positions needs %s of KV cache, more than this machine's %s of "
+                        "memory (lower -c, or pick a smaller -kv scheme)\n", r->ctx, hn, hh);
+        return 1;
     }
-    if (rc == 0 && n_ids == 0 && strcmp(a.mode, "chat") != 0) {
-        fprintf(stderr, "error: the prompt is empty: nothing to %s\n", a.mode);
-        rc = 1;
-    }
-    KVCache kv = {0};
-    if (rc == 0 && !is_compare && !is_kvstats && model_kv_init(&m, &kv, &spec, ctx, 0, err, sizeof err)) {
+    if (model_kv_init(&r->m, kv, &r->spec, r->ctx, 0, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
-        rc = 1;
+        return 1;
     }
-    if (rc == 0) {
-        char kvname[128];
-        kv_spec_name(&spec, kvname, sizeof kvname);
-        fprintf(stderr, "model %s: %d layers, hidden %d, heads %d/%d x %d, vocab %d%s; kv %s, context %d, %d threads, %s\n",
-                dir, m.cfg.n_layers, m.cfg.hidden, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim, m.cfg.vocab_size,
-                m.has_mtp ? ", MTP head" : "", kvname, ctx, omp_get_max_threads(), kernels_isa());
-        if (a.act_bf16) fprintf(stderr, "matmul inputs: bf16 (vdpbf16ps)\n");
-    }
-    if (rc == 0 && is_compare) {
-        CompareRow rows[64];
-        /* the reference keeps the stored weights and f32 inputs: a second
-         * load of the same files when m was converted or relaid for bf16
-         * inputs, in memory (bf16 in panels), so that its numbers are those
-         * of the same run without -wq or -act */
-        Model ref;
-        int two = a.wq_q8 || a.act_bf16;
-        if (two && model_load(&ref, dir, 0, err, sizeof err)) {
-            fprintf(stderr, "error: %s\n", err);
-            rc = 1;
-            two = 0;
-        }
-        const char *what = a.wq_q8 ? "q8" : "act bf16";
-        if (rc == 0 && (compare_run(two ? &ref : &m, &m, what, specs, n_specs, ids, n_ids, ctx, n_gen, rows, err,
-                                    sizeof err) ||
-                        (a.out && compare_svg(a.out, rows, n_specs, dir, err, sizeof err)))) {
-            fprintf(stderr, "error: %s\n", err);
-            rc = 1;
-        } else if (rc == 0) {
-            compare_print(stdout, rows, n_specs, dir, n_ids < ctx - n_gen ? n_ids : ctx - n_gen);
-            if (a.out) fprintf(stderr, "wrote %s\n", a.out);
-        }
-        if (two) model_free(&ref);
-    } else if (rc == 0 && is_kvstats) {
-        if (kvstats_run(&m, &spec, ids, n_ids, stdout, err, sizeof err)) {
+    return 0;
+}
+
+static void print_model_line(const Run *r) {
+    char kvname[128];
+    const Config *c = &r->m.cfg;
+    kv_spec_name(&r->spec, kvname, sizeof kvname);
+    fprintf(stderr, "model %s: %d layers, hidden %d, heads %d/%d x %d, vocab %d%s; kv %s, context %d, %d threads, %s\n",
+            r->src.path, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size,
+            r->m.has_mtp ? ", MTP head" : "", kvname, r->ctx, omp_get_max_threads(), kernels_isa());
+    if (r->a.act_bf16) fprintf(stderr, "matmul inputs: bf16 (vdpbf16ps)\n");
+}
+
+/* The modes that need the weights and a cache. */
+static int run_model_mode(Run *r) {
+    const char *mode = r->a.mode;
+    KVCache kv = {0};
+    const int cache = strcmp(mode, "compare") && strcmp(mode, "kvstats");
+    if (open_model(r) || choose_context(r) || (cache && open_cache(r, &kv))) return 1;
+    print_model_line(r);
+    int rc = 0;
+    if (!strcmp(mode, "compare")) rc = run_compare(r);
+    else if (!strcmp(mode, "kvstats")) {
+        char err[1024];
+        if (kvstats_run(&r->m, &r->spec, r->ids.v, r->ids.n, stdout, err, sizeof err)) {
             fprintf(stderr, "error: %s\n", err);
             rc = 1;
         }
-    } else if (rc == 0 && is_ppl) rc = run_ppl(&m, &kv, ids, n_ids, &st);
-    else if (rc == 0 && is_logits) rc = run_logits(&m, &kv, ids, n_ids, a.out, &st);
-    else if (rc == 0) {
-        /* sampling: flags, else generation_config.json, else llama.cpp's defaults */
-        float temp = a.set_temp ? a.temp : gd.present ? (gd.do_sample ? (float)gd.temperature : 0) : 0.8f;
-        float top_p = a.set_top_p ? a.top_p : gd.present ? (float)gd.top_p : 0.95f;
-        int top_k = a.set_top_k ? a.top_k : gd.present ? gd.top_k : 40;
-        float min_p = a.set_min_p ? a.min_p : gd.present ? (float)gd.min_p : 0.05f;
-        unsigned long long seed = a.set_seed ? a.seed : (unsigned long long)time(NULL);
-        fprintf(stderr, "sampling: temperature %.2f top-k %d top-p %.2f min-p %.2f seed %llu\n", temp, top_k, top_p,
-                min_p, seed);
-        Sampler smp;
-        float *logits = malloc((size_t)m.cfg.vocab_size * sizeof(float));
-        Gen g = {&m, &kv, &tok, &smp, &st, NULL, logits, NULL, {0}, 0};
-        for (int i = 0; i < m.cfg.n_eos; i++) g.stops[g.n_stops++] = m.cfg.eos_ids[i];
-        int n_draft = a.spec < 0 ? (m.has_mtp ? 3 : 0) : a.spec;
-        if (n_draft > 0 && !m.has_mtp) {
-            fprintf(stderr, "-spec %d: %s has no MTP head; decoding without speculation\n", n_draft, dir);
-            n_draft = 0;
-        }
-        KVCache mkv = {0};
-        Spec spec_state;
-        if (sampler_init(&smp, m.cfg.vocab_size, temp, top_k, top_p, min_p, seed) || !logits) {
-            fprintf(stderr, "error: out of memory\n");
-            rc = 1;
-        } else if (n_draft > 0) {
-            g.hidden = malloc((size_t)ctx * m.cfg.hidden * sizeof(float));
-            if (!g.hidden || (a.draft_q8 && model_quantize(&m, MODEL_DRAFT, err, sizeof err)) ||
-                model_kv_init(&m, &mkv, &spec, ctx, 1, err, sizeof err) ||
-                spec_init(&spec_state, &m, &kv, &mkv, &smp, n_draft, err, sizeof err)) {
-                fprintf(stderr, "error: %s\n", g.hidden ? err : "out of memory");
-                rc = 1;
-            } else {
-                g.spec = &spec_state;
-                fprintf(stderr, "speculative decoding: %d MTP drafts per step, drafter weights %s\n", n_draft,
-                        a.draft_q8 ? "q8" : a.wq_q8 ? "as stored, output matrix q8 (-wq)" : "as stored");
-            }
-        }
-        if (rc == 0 && strcmp(a.mode, "chat") == 0) {
-            int im_end = tok_find(&tok, "<|im_end|>");
-            if (im_end >= 0) g.stops[g.n_stops++] = im_end;
-            rc = run_chat(&g, &a);
-        } else if (rc == 0) {
-            fwrite(text, 1, text_len, stdout);
-            rc = generate(&g, ids, n_ids, a.n);
-            printf("\n");
-            fflush(stdout);
-        }
-        if (g.spec) {
-            spec_print_stats(g.spec, stderr);
-            st.spec_accept = g.spec->drafted ? (double)spec_accepted(g.spec) / g.spec->drafted : 0;
-            st.has_spec = 1;
-            spec_free(g.spec);
-        }
-        if (mkv.k) kv_cache_free(&mkv);
-        free(g.hidden);
-        sampler_free(&smp);
-        free(logits);
-    }
-    st.kv_bytes = kv.k ? kv_cache_bytes(&kv) : 0;
-    print_stats(&st);
+    } else if (!strcmp(mode, "ppl") || !strcmp(mode, "logits")) {
+        catch_sigint();
+        rc = !strcmp(mode, "ppl") ? run_ppl(r, &kv) : run_logits(r, &kv);
+        if (rc != 1) print_stats(r, &kv);
+    } else rc = run_generate(r, &kv);
     kv_cache_free(&kv);
-    model_free(&m);
-    free(ids);
-    free(text);
-    tok_free(&tok);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    Run r;
+    memset(&r, 0, sizeof r);
+    int rc = parse_args(argc, argv, &r.a);
+    if (rc) return rc == 1 ? 0 : 2;
+    char err[1024], model_buf[4200];
+    if (kernels_check_env(err, sizeof err)) return usage_error("%s", err);
+    if (parse_schemes(&r, err, sizeof err)) return usage_error("%s", err);
+    if (r.a.threads) omp_set_num_threads(r.a.threads);
+    const char *path = r.a.model ? r.a.model : default_model(model_buf, sizeof model_buf);
+    if (source_open(&r.src, path, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        return 1;
+    }
+    const char *mode = r.a.mode;
+    if (open_tokenizer(&r)) rc = 1;
+    else if (!strcmp(mode, "pack")) rc = run_pack(&r);
+    else if (read_text(&r)) rc = 1;
+    else if (!strcmp(mode, "tokenize")) rc = run_tokenize(&r);
+    else if (!strcmp(mode, "detokenize")) rc = run_detokenize(&r);
+    else rc = run_model_mode(&r);
+    if (r.have_model) model_free(&r.m);
+    free(r.ids.v);
+    free(r.text);
+    tok_free(&r.tok);
+    source_free(&r.src);
     return rc;
 }

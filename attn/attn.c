@@ -1,5 +1,12 @@
 /* attn.c: online-softmax attention over a compressed KV stream.
  *
+ * Data flow: run.c -> model -> attn -> kv -> kernels: model/ appends
+ * ntok positions' k and v to one kv head's streams and calls attn_block
+ * with that head's query group (token j's nq heads at q + j * ld, [nq, d]);
+ * scores and value sums come from the kv/ scheme table (kv_score,
+ * kv_accum), the running max and exponentials from kernels/ops.h; the
+ * output, laid out as q, goes back to model/'s o_proj.
+ *
  * Per kv head: rotate the queries into the K scheme's domain once (scale
  * folded in), then walk the positions in ATTN_CHUNK blocks: scores from the
  * scheme's score function, a running max m and denominator l per head
@@ -34,9 +41,9 @@ void attn_block(const KVStream *k, const KVStream *v, const float *q, int nq, in
     /* Subnormals are flushed to zero (MXCSR's FTZ and DAZ) until the end:
      * scores spread over more than 87 give weights below FLT_MIN, and a
      * scheme's scale times a weight can fall there too, and every subnormal
-     * operand or result costs a microcode assist (at 32K positions, f16
-     * attention ran 8x and q8 3.5x slower with them). What they would add
-     * is below 1e-38 of the output. */
+     * operand or result costs a microcode assist, enough to slow long
+     * attention several times over (docs/kernel-notes.md#subnormals). What
+     * they would add is below 1e-38 of the output. */
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);
     /* query i is head i % nq of token i / nq */

@@ -1,8 +1,9 @@
-/* compare.c: scheme comparison table, its SVG plot, and per-layer kvstats
- * (see compare.h). Metrics follow the habits of the KV-quantization
- * literature and llama.cpp's perplexity tool: perplexity, mean KL divergence
- * against the unquantized model's distribution, same-top-1 rate, plus greedy
- * agreement and decode speed at the measured context. */
+/* compare.c: scheme comparison rows and their table, and per-layer kvstats
+ * (see compare.h; the rows' files are compare_out.c's). Metrics follow the
+ * habits of the KV-quantization literature and llama.cpp's perplexity tool:
+ * perplexity, mean KL divergence against the unquantized model's
+ * distribution, same-top-1 rate, plus greedy agreement and decode speed at
+ * the measured context. */
 #include "eval/compare.h"
 #include "attn/attn.h"
 #include "kernels/ops.h"
@@ -33,7 +34,7 @@ static void log_softmax(const float *x, int V, double *logp) {
 }
 
 int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs, int n, const int *ids, int n_ids,
-                int ctx, int n_gen, CompareRow *rows, char *err, size_t errlen) {
+                int ctx, int n_gen, CompareRow *rows, CompareProgress progress, void *pctx, char *err, size_t errlen) {
     const int V = m->cfg.vocab_size, d = m->cfg.head_dim;
     int L = n_ids < ctx - n_gen ? n_ids : ctx - n_gen;
     if (L < 2) {
@@ -72,6 +73,7 @@ int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs
                 if (next >= 0) nll[i] -= lq[next];
             }
         }
+        if (progress) progress(pctx, (long)(off + nb) * n, (long)(L + n_gen) * n);
     }
     /* greedy continuation from each scheme's own last logits, timed */
     for (int i = 0; i < n; i++) {
@@ -87,6 +89,7 @@ int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs
             tok = argmax(out, V);
         }
         double dt = now() - t0;
+        if (progress) progress(pctx, (long)L * n + (long)(i + 1) * n_gen, (long)(L + n_gen) * n);
         CompareRow *r = &rows[i];
         memset(r, 0, sizeof *r);
         kv_spec_name(&specs[i], r->name, sizeof r->name);
@@ -126,64 +129,6 @@ void compare_print(FILE *f, const CompareRow *r, int n, const char *model, int n
         fprintf(f, "| %s | %s | %.3g | %.3g | %.0f | %.2fx | %.4f | %+.2f | %.5f | %.1f%% | %.1f%% | %.1f |\n", r[i].name,
                 r[i].weights, r[i].k_bits, r[i].v_bits, r[i].bytes_per_token, r[i].ratio_f16, r[i].ppl, r[i].dppl_pct, r[i].kl,
                 100 * r[i].top1, 100 * r[i].greedy, r[i].decode_tps);
-}
-
-/* Plot: x = bits per value (mean of K and V), y = KL, both log10. Points
- * with KL below the floor (f32 itself) sit on the floor. */
-int compare_svg(const char *path, const CompareRow *r, int n, const char *title, char *err, size_t errlen) {
-    FILE *f = fopen(path, "w");
-    if (!f) { snprintf(err, errlen, "%s: cannot write", path); return -1; }
-    const double W = 720, H = 480, x0 = 80, y0 = 40, pw = W - 120, ph = H - 110;
-    double bmin = 1e9, bmax = 0, kmin = 1e9, kmax = 1e-12;
-    for (int i = 0; i < n; i++) {
-        double b = (r[i].k_bits + r[i].v_bits) / 2;
-        bmin = fmin(bmin, b), bmax = fmax(bmax, b);
-        if (r[i].kl > 0) kmin = fmin(kmin, r[i].kl), kmax = fmax(kmax, r[i].kl);
-    }
-    if (kmin > kmax) kmin = 1e-6, kmax = 1e-2;
-    double lx0 = floor(log10(bmin)), lx1 = ceil(log10(bmax * 1.01)), ly0 = floor(log10(kmin)) - 1, ly1 = ceil(log10(kmax));
-    if (lx1 <= lx0) lx1 = lx0 + 1;
-    if (ly1 <= ly0) ly1 = ly0 + 1;
-#define PX(b) (x0 + (log10(b) - lx0) / (lx1 - lx0) * pw)
-#define PY(k) (y0 + ph - (log10(k) - ly0) / (ly1 - ly0) * ph)
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
-    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">", W / 2);
-    for (const char *c = title; *c; c++) {
-        if (*c == '<') fputs("&lt;", f);
-        else if (*c == '&') fputs("&amp;", f);
-        else fputc(*c, f);
-    }
-    fprintf(f, "</text>\n<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#444\"/>\n", x0,
-            y0, pw, ph);
-    /* decade grid plus 2 and 5 for the bits axis */
-    for (double e = lx0; e <= lx1; e++)
-        for (int m = 1; m <= 5; m += (m == 1 ? 1 : 3)) {
-            double b = m * pow(10, e), x = PX(b);
-            if (x < x0 - 0.5 || x > x0 + pw + 0.5) continue;
-            fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#ddd\"/>\n", x, y0, x, y0 + ph);
-            fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%g</text>\n", x, y0 + ph + 16, b);
-        }
-    for (double e = ly0; e <= ly1; e++) {
-        double y = PY(pow(10, e));
-        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x0, y, x0 + pw, y);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">1e%.0f</text>\n", x0 - 6, y + 4, e);
-    }
-    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">bits per value (mean of K and V, log scale)</text>\n",
-            x0 + pw / 2, H - 30);
-    fprintf(f, "<text transform=\"translate(18 %.0f) rotate(-90)\" text-anchor=\"middle\">mean KL vs f32 (nats, log "
-               "scale)</text>\n", y0 + ph / 2);
-    for (int i = 0; i < n; i++) {
-        double b = (r[i].k_bits + r[i].v_bits) / 2, k = r[i].kl > pow(10, ly0) ? r[i].kl : pow(10, ly0);
-        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#c33\"/>\n", PX(b), PY(k));
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s%s%s</text>\n", PX(b) + 6, PY(k) - 6 - 12 * (i % 2), r[i].name,
-                strcmp(r[i].weights, "stored") ? ", weights " : "", strcmp(r[i].weights, "stored") ? r[i].weights : "");
-    }
-#undef PX
-#undef PY
-    fprintf(f, "</svg>\n");
-    if (fclose(f) != 0) { snprintf(err, errlen, "%s: write failed", path); return -1; }
-    return 0;
 }
 
 /* Sums for one layer: squared errors and norms, cosine sums and counts. */

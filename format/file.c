@@ -1,4 +1,10 @@
-/* file.c: bounded reads of regular files (see file.h for why). */
+/* file.c: bounded reads of regular files (see file.h for why).
+ *
+ * Data flow: beside the main chain (run.c -> model -> attn -> kv ->
+ * kernels): every loader (model/source.c for the JSON files,
+ * format/safetensors.c for checkpoints) and run.c's -f prompts read their
+ * files here. No format of its own; open(2) with O_NONBLOCK and fstat(2)
+ * on the open descriptor, as POSIX defines them. */
 #include "format/file.h"
 
 #include <errno.h>

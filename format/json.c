@@ -1,4 +1,9 @@
-/* json.c: recursive-descent JSON parser (see json.h for the contract). */
+/* json.c: recursive-descent JSON parser (see json.h for the contract).
+ *
+ * Data flow: beside the main chain (run.c -> model -> attn -> kv ->
+ * kernels): text from format/file.c -> json_parse -> a tree of Json nodes
+ * that model/config.c, tokenizer/ and format/safetensors.c walk; json_write_str
+ * writes strings back (safetensors headers). Follows RFC 8259. */
 #include "format/json.h"
 #include "format/file.h"
 
@@ -172,13 +177,29 @@ static int parse_container(Parser *p, Json *v, int depth, int is_obj) {
     }
 }
 
+/* Digits at p->i onward; how many. */
+static size_t digits(Parser *p) {
+    size_t k = 0;
+    while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') p->i++, k++;
+    return k;
+}
+
+/* RFC 8259's grammar, checked before strtod (which would also take "01",
+ * "1." or ".5"): -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)? */
 static int parse_number(Parser *p, Json *v) {
     size_t st = p->i;
     if (p->i < p->n && p->s[p->i] == '-') p->i++;
-    if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9') { fail(p, "bad number"); return 0; }
-    while (p->i < p->n && ((p->s[p->i] >= '0' && p->s[p->i] <= '9') || p->s[p->i] == '.' ||
-                           p->s[p->i] == 'e' || p->s[p->i] == 'E' || p->s[p->i] == '+' || p->s[p->i] == '-'))
+    size_t lead = p->i, nd = digits(p);
+    if (nd == 0 || (nd > 1 && p->s[lead] == '0')) { p->i = st; fail(p, "bad number"); return 0; }
+    if (p->i < p->n && p->s[p->i] == '.') {
         p->i++;
+        if (!digits(p)) { p->i = st; fail(p, "bad number"); return 0; }
+    }
+    if (p->i < p->n && (p->s[p->i] == 'e' || p->s[p->i] == 'E')) {
+        p->i++;
+        if (p->i < p->n && (p->s[p->i] == '+' || p->s[p->i] == '-')) p->i++;
+        if (!digits(p)) { p->i = st; fail(p, "bad number"); return 0; }
+    }
     char buf[64];
     size_t l = p->i - st;
     if (l >= sizeof buf) { fail(p, "number too long"); return 0; }
@@ -304,6 +325,18 @@ int json_get_bool(const Json *o, const char *key, int *out) {
 const char *json_get_str(const Json *o, const char *key) {
     const Json *v = json_get(o, key);
     return v && v->type == JSON_STRING ? v->str : NULL;
+}
+
+void json_write_str(FILE *f, const char *s, size_t n) {
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
 }
 
 const char *json_type_name(JsonType t) {

@@ -15,6 +15,7 @@
 #define JSON_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 typedef enum { JSON_NULL, JSON_BOOL, JSON_NUMBER, JSON_STRING, JSON_ARRAY, JSON_OBJECT } JsonType;
 
@@ -49,5 +50,9 @@ int json_get_num(const Json *o, const char *key, double *out);
 int json_get_bool(const Json *o, const char *key, int *out);
 const char *json_get_str(const Json *o, const char *key);
 const char *json_type_name(JsonType t);
+/* Writes s[0 .. n) to f as a JSON string literal: quotes, backslashes and
+ * control characters escaped, other bytes as they are (so s must be UTF-8
+ * for the result to be JSON). */
+void json_write_str(FILE *f, const char *s, size_t n);
 
 #endif

@@ -1,4 +1,12 @@
-/* quote.c: bounded, printable quoting for error lines (see quote.h). */
+/* quote.c: bounded, printable quoting for error lines (see quote.h).
+ *
+ * Data flow: beside the main chain: a loader that names a key, a token or
+ * a tensor from a file it rejects passes it through quote() into its own
+ * buffer before printing:
+ *
+ *   "model.layers.0\x0Aq_proj"    control bytes, '"', '\' and non-UTF-8 as \xNN
+ *
+ * UTF-8 validity follows the Unicode standard's table 3-7 (ch. 3.9). */
 #include "format/quote.h"
 
 #include <stdio.h>
@@ -56,6 +64,13 @@ const char *quote(const char *s, size_t n, char *buf, size_t size) {
     buf[o++] = '"';
     buf[o] = 0;
     return buf;
+}
+
+int utf8_valid(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0, len; i < n; i += len)
+        if (!(len = utf8_len(u + i, n - i))) return 0;
+    return 1;
 }
 
 const char *quote_str(const char *s, char *buf, size_t size) {

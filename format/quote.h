@@ -1,4 +1,5 @@
-/* quote.h: strings from hostile files, made safe to print in an error line.
+/* quote.h: strings from hostile files, made safe to print in an error line
+ * (and the UTF-8 check the writers of JSON need).
  *
  * Data flow: a loader that names a key, a token or a tensor from the file
  * it rejects passes the string through quote() into a buffer of its own.
@@ -27,5 +28,7 @@
 const char *quote(const char *s, size_t n, char *buf, size_t size);
 /* The same for a NUL-terminated string (NULL quotes as "(null)" unquoted). */
 const char *quote_str(const char *s, char *buf, size_t size);
+/* Whether s[0 .. n) is valid UTF-8 (Unicode table 3-7). */
+int utf8_valid(const char *s, size_t n);
 
 #endif

@@ -1,5 +1,13 @@
 /* safetensors.c: parse, validate and mmap safetensors files (see the header
- * for the format and what is checked). */
+ * for the format and what is checked).
+ *
+ * Data flow: beside the main chain (run.c -> model -> attn -> kv ->
+ * kernels): model/source.c opens a checkpoint here, model/ looks tensors up
+ * by name and uses their bytes in place; -m pack writes one (st_write).
+ *
+ *   | u64 LE header length N | N bytes of JSON header | data section ... |
+ *
+ * Format: https://github.com/huggingface/safetensors. */
 #include "format/safetensors.h"
 #include "format/file.h"
 #include "format/json.h"
@@ -14,8 +22,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* A header bigger than this is not a checkpoint header (real ones are < 1 MB). */
-#define ST_MAX_HEADER (100u << 20)
+/* A header bigger than this is not a checkpoint header (real ones are
+ * < 1 MB); the reference implementation's limit, so that every file this
+ * reader takes or st_write makes, the others take too. */
+#define ST_MAX_HEADER 100000000u
 /* model.safetensors.index.json: about 100 bytes a tensor, so 64 MiB is
  * room for 600,000 tensors (a 235B checkpoint has under 20,000). */
 #define ST_MAX_INDEX (64u << 20)
@@ -174,6 +184,95 @@ static int check_coverage(const char *path, Span *spans, int ns, size_t data_siz
     return 0;
 }
 
+/* Moves a header's "__metadata__" (m, inside the header tree) into *out
+ * after checking it maps strings to strings; m is left a null the tree can
+ * still free. */
+static int take_metadata(const char *path, Json *m, Json **out, char *err, size_t errlen) {
+    char q[QUOTE_BUF];
+    if (m->type != JSON_OBJECT) {
+        snprintf(err, errlen, "%s: __metadata__: expected an object of strings, found %s", path,
+                 json_type_name(m->type));
+        return -1;
+    }
+    for (size_t i = 0; i < m->len; i++)
+        if (m->items[i].type != JSON_STRING) {
+            snprintf(err, errlen, "%s: __metadata__[%s]: expected a string, found %s", path,
+                     quote(m->keys[i], m->key_lens[i], q, sizeof q), json_type_name(m->items[i].type));
+            return -1;
+        }
+    if (*out) {
+        snprintf(err, errlen, "%s: __metadata__ appears twice", path);
+        return -1;
+    }
+    *out = malloc(sizeof **out);
+    if (!*out) { snprintf(err, errlen, "out of memory"); return -1; }
+    **out = *m;
+    memset(m, 0, sizeof *m);
+    m->type = JSON_NULL;
+    return 0;
+}
+
+/* The header of the file of size bytes at bytes: its JSON tree, checked to
+ * be an object (*hlen its length), or NULL with err. */
+static Json *parse_header(const char *path, const uint8_t *bytes, size_t size, uint64_t *hlen, char *err,
+                          size_t errlen) {
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = (n << 8) | bytes[i];
+    if (n > size - 8) {
+        snprintf(err, errlen, "%s: header length %llu exceeds the file (%zu bytes)", path, (unsigned long long)n,
+                 size);
+        return NULL;
+    }
+    if (n > ST_MAX_HEADER) {
+        snprintf(err, errlen, "%s: header length %llu: expected at most %u bytes", path, (unsigned long long)n,
+                 ST_MAX_HEADER);
+        return NULL;
+    }
+    char perr[200];
+    Json *h = json_parse((const char *)bytes + 8, (size_t)n, perr, sizeof perr);
+    if (!h) { snprintf(err, errlen, "%s: malformed JSON header: %s", path, perr); return NULL; }
+    if (h->type != JSON_OBJECT) {
+        snprintf(err, errlen, "%s: expected a JSON object header, found %s", path, json_type_name(h->type));
+        json_free(h);
+        return NULL;
+    }
+    *hlen = n;
+    return h;
+}
+
+int st_read_metadata(const char *path, Json **meta, char *err, size_t errlen) {
+    size_t size;
+    *meta = NULL;
+    int fd = file_open_regular(path, SIZE_MAX, &size, err, errlen);
+    if (fd < 0) return -1;
+    uint8_t len[8];
+    if (size < 8 || pread(fd, len, 8, 0) != 8) {
+        close(fd);
+        snprintf(err, errlen, "%s: expected at least 8 bytes (header length), found %zu", path, size);
+        return -1;
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = (n << 8) | len[i];
+    /* the header alone is read: a checkpoint's data may be gigabytes */
+    size_t want = n > size - 8 || n > ST_MAX_HEADER ? 0 : (size_t)n;
+    uint8_t *b = malloc(8 + want);
+    int rc = -1;
+    if (!b) snprintf(err, errlen, "out of memory");
+    else if (want && pread(fd, b + 8, want, 8) != (ssize_t)want) snprintf(err, errlen, "%s: read failed", path);
+    else {
+        memcpy(b, len, 8);
+        uint64_t hl;
+        Json *h = parse_header(path, b, want ? 8 + want : size, &hl, err, errlen);
+        const Json *m = json_get(h, "__metadata__");
+        rc = h ? 0 : -1;
+        if (m) rc = take_metadata(path, (Json *)m, meta, err, errlen);
+        json_free(h);
+    }
+    free(b);
+    close(fd);
+    return rc;
+}
+
 static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen) {
     size_t size;
     int fd = file_open_regular(path, SIZE_MAX, &size, err, errlen);
@@ -194,20 +293,9 @@ static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen)
     if (!ts->files[fi].path) { snprintf(err, errlen, "out of memory"); return -1; }
 
     const uint8_t *bytes = map;
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | bytes[i];
-    if (hlen > size - 8 || hlen > ST_MAX_HEADER) {
-        snprintf(err, errlen, "%s: header length %llu exceeds the file (%zu bytes)", path, (unsigned long long)hlen, size);
-        return -1;
-    }
-    char perr[200];
-    Json *h = json_parse((const char *)bytes + 8, (size_t)hlen, perr, sizeof perr);
-    if (!h) { snprintf(err, errlen, "%s: malformed JSON header: %s", path, perr); return -1; }
-    if (h->type != JSON_OBJECT) {
-        snprintf(err, errlen, "%s: expected a JSON object header, found %s", path, json_type_name(h->type));
-        json_free(h);
-        return -1;
-    }
+    uint64_t hlen;
+    Json *h = parse_header(path, bytes, size, &hlen, err, errlen);
+    if (!h) return -1;
     const uint8_t *data = bytes + 8 + hlen;
     size_t data_size = size - 8 - (size_t)hlen;
     Span *spans = calloc(h->len + 1, sizeof(Span));
@@ -218,7 +306,10 @@ static int open_one(TensorStore *ts, const char *path, char *err, size_t errlen)
     }
     int ns = 0, rc = 0;
     for (size_t i = 0; i < h->len && rc == 0; i++) {
-        if (strcmp(h->keys[i], "__metadata__") == 0) continue;
+        if (h->key_lens[i] == 12 && memcmp(h->keys[i], "__metadata__", 12) == 0) {
+            if ((rc = take_metadata(path, &h->items[i], &ts->files[fi].meta, err, errlen))) break;
+            continue;
+        }
         STensor t = {0};
         size_t b;
         t.file = fi;
@@ -378,7 +469,7 @@ int st_to_memory(TensorStore *ts) {
         uint8_t *dst = (uint8_t *)(((uintptr_t)region + huge - 1) & ~(uintptr_t)(huge - 1));
         madvise(dst, F->size, MADV_HUGEPAGE); /* advice: 4 KB pages still work */
         /* read(), not a copy from the mapping: no page faults on the source
-         * (measured 2.1 s for 1.2 GB with memcpy) */
+         * (docs/kernel-notes.md#huge-pages) */
         if (read_all(F->path, dst, F->size)) {
             munmap(region, len);
             continue;
@@ -417,12 +508,113 @@ int st_copies_writable(TensorStore *ts, int writable) {
     return rc;
 }
 
+const char *st_metadata(const TensorStore *ts, const char *key, size_t *len) {
+    const Json *v = ts->n_files ? json_get(ts->files[0].meta, key) : NULL;
+    if (!v) return NULL;
+    *len = v->len;
+    return v->str;
+}
+
+/* Write order: 8-byte types, F32 and the other 4-byte ones, then 2-byte
+ * types, then the rest (largest elements first); names within one. */
+static int elem_order(const STensor *t) {
+    size_t es = dtype_bytes(t->dtype);
+    return es >= 8 ? 0 : es == 4 ? 1 : es == 2 ? 2 : 3;
+}
+
+static const TensorStore *g_ts; /* qsort has no context argument */
+static int by_write_order(const void *a, const void *b) {
+    const STensor *x = &g_ts->tensors[*(const int *)a], *y = &g_ts->tensors[*(const int *)b];
+    int ox = elem_order(x), oy = elem_order(y);
+    return ox != oy ? ox - oy : strcmp(x->name, y->name);
+}
+
+int st_write(const char *path, const TensorStore *ts, const char *const *keys, const char *const *vals,
+             const size_t *val_lens, int n_meta, char *err, size_t errlen) {
+    /* a name of our own beside path, created anew (never another file, or
+     * through a link someone left under that name) */
+    char tmp[4200];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid()) >= sizeof tmp) {
+        snprintf(err, errlen, "%.200s: expected a shorter path", path);
+        return -1;
+    }
+    for (int i = 0; i < n_meta; i++)
+        if (!utf8_valid(vals[i], val_lens[i])) {
+            char q[QUOTE_BUF];
+            snprintf(err, errlen, "%s: metadata %s is not UTF-8, which safetensors headers must be", path,
+                     quote_str(keys[i], q, sizeof q));
+            return -1;
+        }
+    int *order = malloc(((size_t)ts->n_tensors + 1) * sizeof *order);
+    if (!order) { snprintf(err, errlen, "out of memory"); return -1; }
+    for (int i = 0; i < ts->n_tensors; i++) order[i] = i;
+    g_ts = ts;
+    qsort(order, (size_t)ts->n_tensors, sizeof *order, by_write_order);
+    /* the header goes to memory first: its length comes before it */
+    char *hdr = NULL;
+    size_t hlen = 0;
+    FILE *h = open_memstream(&hdr, &hlen);
+    if (!h) { free(order); snprintf(err, errlen, "out of memory"); return -1; }
+    fputs("{\"__metadata__\":{\"format\":\"pt\"", h);
+    for (int i = 0; i < n_meta; i++) {
+        fputc(',', h);
+        json_write_str(h, keys[i], strlen(keys[i]));
+        fputc(':', h);
+        json_write_str(h, vals[i], val_lens[i]);
+    }
+    fputc('}', h);
+    size_t off = 0;
+    for (int k = 0; k < ts->n_tensors; k++) {
+        const STensor *t = &ts->tensors[order[k]];
+        fputc(',', h);
+        json_write_str(h, t->name, strlen(t->name));
+        fprintf(h, ":{\"dtype\":\"%s\",\"shape\":[", t->dtype);
+        for (int d = 0; d < t->ndim; d++) fprintf(h, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        fprintf(h, "],\"data_offsets\":[%zu,%zu]}", off, off + t->nbytes);
+        off += t->nbytes;
+    }
+    fputc('}', h);
+    /* spaces pad the header so the data section starts on 64 bytes */
+    while ((8 + ftell(h)) % 64) fputc(' ', h);
+    if (fclose(h) || hlen > ST_MAX_HEADER) {
+        snprintf(err, errlen, "%s: a header of %zu bytes: expected at most %u (smaller metadata)", path, hlen,
+                 ST_MAX_HEADER);
+        free(hdr);
+        free(order);
+        return -1;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644), e = errno;
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    int rc = f ? 0 : -1, made = fd >= 0;
+    if (!f && fd >= 0) e = errno, close(fd);
+    if (f) {
+        for (int i = 0; i < 8; i++) fputc((int)((unsigned long long)hlen >> (8 * i)) & 0xFF, f);
+        rc |= fwrite(hdr, 1, hlen, f) != hlen;
+        for (int k = 0; k < ts->n_tensors && !rc; k++) {
+            const STensor *t = &ts->tensors[order[k]];
+            rc |= t->nbytes && fwrite(t->data, 1, t->nbytes, f) != t->nbytes;
+        }
+        if (rc) e = errno;
+        if (fclose(f) != 0 && !rc) rc = -1, e = errno;
+    }
+    if (!rc && rename(tmp, path) != 0) rc = -1, e = errno;
+    free(hdr);
+    free(order);
+    if (rc) {
+        snprintf(err, errlen, "%s: cannot write: %s", made ? path : tmp, strerror(e));
+        if (made) unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
 void st_close(TensorStore *ts) {
     for (int i = 0; i < ts->n_tensors; i++) free(ts->tensors[i].name);
     for (int i = 0; i < ts->n_files; i++) {
         if (ts->files[i].region) munmap(ts->files[i].region, ts->files[i].region_len);
         else munmap(ts->files[i].map, ts->files[i].size);
         free(ts->files[i].path);
+        json_free(ts->files[i].meta);
     }
     for (int i = 0; i < ts->n_copies; i++) free(ts->copies[i]);
     free(ts->tensors);

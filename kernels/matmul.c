@@ -1,6 +1,21 @@
 /* matmul.c: the projection kernel (see matmul.h), plain C reference plus
  * AVX2 and AVX-512 versions chosen at run time.
  *
+ * Data flow: kernels/ is the bottom layer (run.c -> model -> attn -> kv ->
+ * kernels); model/ calls matmul / matmul_multi for every projection,
+ * y [n, out] = x [n, in] W^T, and relays or quantizes the weights once at
+ * load (weight_to_panels, weight_to_dpanels, weight_quantize_q8/_q8i).
+ * Layouts (drawn in full in matmul.h):
+ *
+ *   bf16, f16, f32  | W[o][0..in) | per row o, as in the checkpoint
+ *   DT_Q8           | int8 q[in] | per row, and | f32 d | per 32 columns
+ *   DT_Q8I          | 16 rows x |code + 128 (u8) x 4 columns| | per 4 columns, per 16-row tile
+ *   DT_BF16P        | k: |row 0|row 16|row 1|row 17| .. |row 15|row 31| | per column k, 32-row panel
+ *   DT_BF16D        | m: |row 0: col 2m|col 2m+1| .. |row 15| | per column pair m, 16-row panel
+ *
+ * References: llama.cpp/ggml's q8_0 (quantize_row_q8_0_ref) for DT_Q8 and
+ * DT_Q8I; Intel's pseudo-code of vdpbf16ps for DT_BF16D (bf16_dot2).
+ *
  * bf16 weights in memory of the loader's own are relaid at load into 32-row
  * panels (DT_BF16P, weight_to_panels) when the AVX-512 path runs: there
  * lanes are rows, one fma chain per output over the columns in order (see
@@ -9,8 +24,8 @@
  * else (f16, f32, q8, bf16 read from the file mapping or on AVX2) is
  * row-major and takes the tiles described next.
  *
- * Row-major fast paths tile R output rows x T tokens: each weight vector loaded once
- * feeds T tokens, each x vector feeds R rows. Per dot product the order is
+ * Row-major fast paths tile R output rows x T tokens: each weight vector
+ * loaded once feeds T tokens, each x vector feeds R rows. Per dot product the order is
  * fixed: one vector accumulator over W-wide chunks of the row (32 columns
  * per step on AVX-512, 8 on AVX2), a fixed horizontal reduction, then a
  * scalar tail. Tiles only change which dots run side by side, never the
@@ -36,6 +51,7 @@
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,6 +108,20 @@ const char *kernels_isa(void) {
 }
 
 int kernels_level(void) { return (int)isa(); }
+
+int kernels_check_env(char *err, size_t errlen) {
+    static const char *names[] = {"ref", "avx2", "avx512", "avx512vnni"};
+    const char *env = getenv("RUN_ISA");
+    if (!env) return 0;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(env, names[i]) == 0) {
+            if (i <= (int)isa_detect()) return 0;
+            snprintf(err, errlen, "RUN_ISA=%s: this CPU runs %s at most", env, names[isa_detect()]);
+            return -1;
+        }
+    snprintf(err, errlen, "RUN_ISA: expected ref, avx2, avx512 or avx512vnni, found '%.40s'", env);
+    return -1;
+}
 
 int kernels_set_isa(const char *name) {
     Isa want = strcmp(name, "avx512vnni") == 0 ? ISA_VNNI
@@ -257,9 +287,8 @@ static inline float ftz(float v) { return fabsf(v) < FLT_MIN ? copysignf(0.0f, v
 /* One lane of vdpbf16ps: acc plus the pair (x0, x1) . (w0, w1), x rounded
  * to bf16 first; the odd product, then the even one, each one fma (the
  * products of two bf16 are exact in f32), subnormals as zero throughout.
- * (Intel's pseudo-code for the instruction; AMD Zen 4 was measured to give
- * the same bits on 20 million random operands, and its conversion
- * vcvtne2ps2bf16 those of f32_to_bf16 on every 7919th float.) */
+ * (Intel's pseudo-code for the instruction; how it was checked against a
+ * CPU: docs/kernel-notes.md#vdpbf16ps-bits.) */
 static inline float bf16_dot2(float acc, float x0, float x1, float w0, float w1) {
     acc = ftz(fmaf(bf16_to_f32(f32_to_bf16(x1)), ftz(w1), acc));
     return ftz(fmaf(bf16_to_f32(f32_to_bf16(x0)), ftz(w0), acc));
@@ -363,29 +392,26 @@ AVX512 void ld32(const void *p, const float *sc, size_t idx, DType dt, __m512 *l
         /* hi is a zero-masked load of the odd words: no ALU work, so one
          * shift and two FMAs per 64 bytes instead of a shift, an and and two
          * FMAs. Decode streams weights with only a few cycles per line to
-         * spare, and the and cost 0.6B decode 10% (26.3 -> 29.4 GB/s of
-         * matmuls at 2 threads, against 31 for a plain read loop). */
+         * spare, so one more instruction per line shows in its speed
+         * (docs/kernel-notes.md#bf16-widening). */
         const uint16_t *q = (const uint16_t *)p + idx;
         *lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(q), 16));
         *hi = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xAAAAAAAAu, q));
     }
 }
 
-/* How far ahead of the tile being read to prefetch its weights: measured on
- * a 311 MB lm_head at one token, 16 -> 23 GB/s at 2 threads (10.7 -> 14.3 at
- * 1), flat between 1 and 3 KiB. The hardware prefetcher alone does not keep
- * enough misses in flight for R rows read side by side. Into L2 (T1): the
- * tile reaches them a few hundred cycles later, and T0 measured no better. */
+/* How far ahead of the tile being read to prefetch its weights (any
+ * distance from 1 to 3 KiB does as well). The hardware prefetcher alone
+ * does not keep enough misses in flight for R rows read side by side. Into
+ * L2 (T1): the tile reaches them a few hundred cycles later, and T0 does no
+ * better (docs/kernel-notes.md#row-major-prefetch-distance). */
 #define PREFETCH_BYTES 2048
 
 /* The same for panels at up to 6 tokens (decode, verification), whose
- * 64-byte words stream in one run per panel: 1 KiB ahead against 2 KiB,
- * 0.6B's matrices at one token on AMD EPYC (Zen 4), all in one harness
- * process and alternating over 10-30 rounds, 17.6 -> 20.0 GB/s at 1 thread
- * and 34.0 -> 39.0 at 2 (the read loop of make bench: 19.8 and 37.5 in the
- * same rounds); at 4 tokens 14.5 -> 17.1 and 29.0 -> 32.8. No prefetch at
- * all measured between the two on that CPU, and far worse on the Intel
- * Xeon, where the row-major tiles' 1-3 KiB was flat. */
+ * 64-byte words stream in one run per panel: 1 KiB ahead keeps them at the
+ * speed of a plain read loop, where 2 KiB falls behind it. No prefetch at
+ * all leaves it to the CPU's own prefetcher, which on some CPUs falls far
+ * behind (docs/kernel-notes.md#panel-prefetch-distance). */
 #define PANEL_PREFETCH 1024
 
 /* R rows from o, T tokens from i: y[i+t][o+r] for r < R, t < T, over the
@@ -501,24 +527,23 @@ AVX512 void tokens512(float *y, const float *xs, const float *x, const Weight *w
 /* Batches of at least this many tokens widen each bf16 chunk once into f32
  * (packed) instead of once per 4-token tile: the widening is a quarter of
  * a tile's vector instructions, on the same two ports as its FMAs
- * (measured: 0.6B prefill of 512 tokens 174 -> 205 tok/s at 2 threads). */
+ * (docs/kernel-notes.md#packed-chunks). */
 #define PACK_MIN 16
 
 /* Packed chunks wider than this are multiplied one block of this many
  * columns at a time: a tile's x is TILE_T x cols floats, and above L1's
- * 48 KB it came from L2 again for every 4 rows. On 0.6B's matmuls at 512
- * tokens and 2 threads, in GFLOP/s, 4-token tiles over one pass against
- * blocks: o (2048 columns) 222 -> 240, down (3072) 207 -> 249, all four
- * projections 230 -> 241; blocks of 512 at 1024 columns measured the same
- * as one pass. 5-token tiles then took all four from 228 to 252 (6 tokens
- * 246, 7 232, 8 218; 3 rows x 7 or 8 tokens, 2 x 10 or 12: 149 to 191). */
+ * 48 KB it would come from L2 again for every 4 rows; at 1024 columns,
+ * smaller blocks gain nothing over one pass. TILE_T = 5 tokens is the
+ * widest 4-row tile whose sums and operands fit the 32 registers (see
+ * tile512); wider or narrower tiles are slower
+ * (docs/kernel-notes.md#column-blocks-and-5-token-tiles). */
 #define KBLOCK 1024
 
 /* One chunk of 64 output rows [o0, o1) for all n tokens: a TILE_T-token
  * tile of x stays in L1 while the chunk's rows (in L2 after the first tile)
  * stream past. (Keeping 4 rows for all n tokens and streaming the tokens
- * past them instead measured 92 vs 97 GFLOP/s at in = 3072, 128 tokens,
- * and half at 512 tokens.)
+ * past them instead is slower, the more so the more tokens:
+ * docs/kernel-notes.md#chunk-order.)
  * pack [64 * cols] is this thread's buffer for a widened bf16 chunk: its
  * rows hold the lo, hi vectors ld32 makes, so the f32 tiles over it do the
  * same FMAs on the same values as the bf16 tiles would. */
@@ -558,16 +583,13 @@ AVX512 void chunk512(float *y, const float *xs, const float *x, const Weight *w,
  * 16-31, and x[i][k] broadcast once feeds both. So the tiles need no
  * horizontal sums (a lane's sum is y[i][o], stored as it is), no split x
  * and no f32 copy of the weights per batch, which the row-major tiles pay
- * for. On the 0.6B shape at 2 threads, the same model loaded both ways and
- * run alternately (throwaway harness): prefill of 512 tokens 257 -> 301
- * tok/s, decode 23.4 -> 27.8 tok/s. In a matmul-only harness of 0.6B's
- * four matmul shapes at 120 tokens, prefetching the next chunk during the
- * second token tile took 1 x 12 tiles from 59-69% to 65-75% of the FMA
- * peak (four rounds).
+ * for; prefill and decode both run faster on panels
+ * (docs/kernel-notes.md#bf16-panels). Past 6 tokens, the next chunk is
+ * prefetched while this one is in cache (see chunk_pf).
  * A tile is P panels x T tokens, P * 2 * T sums: 1 x 1 for one token,
- * 2 x 6 (24 sums, 4 weight vectors) for up to 6, 1 x 12 past that
- * (measured best of 1 x 8, 1 x 12, 2 x 5, 2 x 6). Every sum is the same
- * fma chain over k in order, whatever the tile. */
+ * 2 x 6 (24 sums, 4 weight vectors) for up to 6, 1 x 12 past that (the
+ * fastest of the shapes tried, docs/kernel-notes.md#bf16-panels). Every
+ * sum is the same fma chain over k in order, whatever the tile. */
 #define PANEL_T 12
 
 /* Panels [p0, p0 + P) x tokens [i, i + T), all columns. x comes in
@@ -592,9 +614,8 @@ AVX512 void panel512(float *y, const float *xb, size_t bs, const Weight *w, int 
     for (int k0 = 0; k0 < in; k0 += PANEL_K) {
         const float *xk = xb + (size_t)(k0 / PANEL_K) * bs;
         const int kn = in - k0 < PANEL_K ? in - k0 : PANEL_K;
-        /* unrolled 4 steps: prefill 512 tokens +4.4% at 2 threads, +3.6% at
-         * 1 (the same model through either build in one process, 6 and 3
-         * rounds); the sums are unchanged */
+        /* unrolled 4 steps: less loop overhead per FMA, the sums unchanged
+         * (docs/kernel-notes.md#panel-unroll) */
 #pragma GCC unroll 4
         for (int kk = 0; kk < kn; kk++) {
             const size_t k = (size_t)k0 + kk;
@@ -650,16 +671,14 @@ static void block_rows(float *xb, const float *x, int i0, int i1, int in) {
 
 /* One chunk, rows [o0, o1) (1 or 2 panels), for all n tokens (xb: x in
  * blocks, unless n is 1). One token takes the panels one at a time, up to
- * 6 both go side by side; past that each token tile of up to PANEL_T takes the panels one by one
- * (they stay in L2 after the first tile), and tiles 1 to PF_SPREAD each
- * prefetch one PF_SPREAD-th of the chunk after this one when it is in the
- * same matrix: this thread's likely next (see runs_next). With forward
- * chunks of 128 tokens (11 tiles), spreading it over 8 tiles instead of
- * fetching all of it during the second took prefill of 512 tokens from
- * 278.8 to 291.7 tok/s at 2 threads (the same model through both builds in
- * one process, 6 rounds): a burst of one chunk's panels in one tile's time
- * left both threads waiting on memory. Fewer tiles than PF_SPREAD + 1 take
- * the whole chunk in tile 1. */
+ * 6 both go side by side; past that each token tile of up to PANEL_T
+ * takes the panels one by one (they stay in L2 after the first tile), and
+ * tiles 1 to PF_SPREAD each prefetch one PF_SPREAD-th of the chunk after
+ * this one when it is in the same matrix: this thread's likely next (see
+ * runs_next). Spread over 8 tiles rather than fetched all during the
+ * second: a burst of one chunk's panels in one tile's time leaves both
+ * threads waiting on memory (docs/kernel-notes.md#spread-prefetch). Fewer
+ * tiles than PF_SPREAD + 1 take the whole chunk in tile 1. */
 #define PF_SHIFT 3
 #define PF_SPREAD (1 << PF_SHIFT)
 
@@ -694,10 +713,9 @@ AVX512 void panels512(float *y, const float *x, const float *xb, const Weight *w
     const size_t bs = PANEL_T * PANEL_K;
     const char *wd = (const char *)w->data + (size_t)o0 * in * 2;
     if (n == 1) {
-        /* one token: a panel at a time, a single stream from memory
-         * (against both side by side, 20.0 -> 20.6 GB/s at 1 thread and
-         * 39.0 -> 39.9 at 2 in the PANEL_PREFETCH harness; at 4 tokens
-         * the pair measured faster, 17.1 against 13.7 GB/s) */
+        /* one token: a panel at a time, a single stream from memory,
+         * slightly faster than both side by side; with more tokens the pair
+         * side by side is faster (below; docs/kernel-notes.md#one-token-panels) */
         for (int p = 0; p < np; p++)
             panel512_t(y, x, PANEL_K, w, o0 / 32 + p, 1, 0, 1, wd + (size_t)p * in * 64 + PANEL_PREFETCH, 0);
         return;
@@ -827,7 +845,7 @@ BF16_FN void dpanels512(float *y, const uint32_t *xh, const Weight *w, int o0, i
 /* Per-calling-thread buffers, grown as needed and kept (the forward pass
  * calls matmul hundreds of times a token), 64-byte aligned so that every
  * 16-float load sits in one cache line (with malloc's 16-byte alignment
- * they all straddled two, which cost 15% of prefill):
+ * they all straddle two, docs/kernel-notes.md#64-byte-buffers):
  *   split: x [n, in] with every 32-column block reordered |16 even|16 odd|,
  *          the order ld32 widens bf16 pairs in (columns past the last
  *          block are left out: the tail reads x);
@@ -891,10 +909,9 @@ static int chunk_of(const int *first, const Weight *const *w, int c, int *o0, in
  * finishes the other's tail instead of waiting at the join. A run is
  * |hi 32|lo 32| in one atomic word, so an owner and a thief never both get
  * a chunk; each word has a cache line to itself, or every take would
- * evict the other threads' copies. (OpenMP's guided schedule gave one
- * thread half of all chunks in its first grab: on 0.6B decode at 2 threads
- * the threads finished 4.0 ms per token apart with it, 1.8 ms with this;
- * decode itself moved by 1-5%, within the host's noise.) */
+ * evict the other threads' copies. (OpenMP's guided schedule gives one
+ * thread half of all chunks in its first grab, and the threads finish
+ * further apart: docs/kernel-notes.md#work-split.) */
 #define RUNS_MAX 64
 
 typedef struct {
@@ -946,7 +963,7 @@ int matmul_reserve(int n, int cols) {
 /* All count projections in one thread team: x is split once, then threads
  * take chunks of 64 rows from the matrices laid end to end, so q, k and v
  * (or gate and up) cost one fork and one join. Chunks are handed out by
- * runs_next (a fully dynamic split, chunk by chunk, was slower than a
+ * runs_next (a fully dynamic split, chunk by chunk, is slower than a
  * static one: the threads no longer stream contiguous memory). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))) static int
 matmul512(float *const *y, const Weight *const *w, int count, const float *x, int n) {

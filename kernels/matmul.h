@@ -69,8 +69,9 @@ int weight_quantize_q8(const Weight *src, Weight *dst);
  * -1 when rows is not a positive multiple of 16, cols not a multiple of 32,
  * or memory runs out; -2 on a NaN or an infinity; dst untouched unless 0. */
 int weight_quantize_q8i(const Weight *src, Weight *dst);
-/* Whether DT_Q8I has its fast kernel here (kernels_isa() is avx512vnni); without it DT_Q8I runs the plain C reference, same results for
- * finite activations. */
+/* Whether DT_Q8I has its fast kernel here (kernels_isa() is avx512vnni);
+ * without it DT_Q8I runs the plain C reference, same results for finite
+ * activations. */
 int matmul_has_q8i(void);
 /* Relays a row-major DT_BF16 w as DT_BF16P in place (its bytes must be
  * writable). 0 ok; -1 when w is not DT_BF16, rows is not a positive
@@ -109,13 +110,19 @@ void weight_row(const Weight *w, int r, float *out);
 /* Which implementation matmul, the vec_* and the KV kernels use:
  * "avx512vnni" (AVX-512 with its 8-bit dot product, for the integer
  * kernels), "avx512", "avx2" or "ref". Chosen once from the CPU's features;
- * the environment variable RUN_ISA=ref|avx2|avx512 forces a lower one. (An AVX-512 BF16 vdpbf16ps path with
- * activations split in two bf16 halves, to keep f32 accuracy, measured half
- * the speed of widening bf16 weights into f32 FMAs on this project's CPU.) */
+ * the environment variable RUN_ISA=ref|avx2|avx512 forces a lower one.
+ * f32 activations never go through vdpbf16ps: split into two bf16 halves to
+ * keep f32 accuracy, they need two instructions per 32 products, no fewer
+ * than the FMAs over widened bf16 weights (measurements:
+ * docs/kernel-notes.md#bf16-split-activations). */
 const char *kernels_isa(void);
 /* The same choice as a number: 0 ref, 1 avx2, 2 avx512, 3 avx512vnni. */
 int kernels_level(void);
 /* Forces the ISA by name; returns 0, or -1 if the CPU lacks it (tests). */
 int kernels_set_isa(const char *name);
+/* Checks RUN_ISA, when set, names a level this CPU has: 0, or -1 with one
+ * line in err (the CLI's usage error; the kernels themselves ignore what
+ * they cannot use). */
+int kernels_check_env(char *err, size_t errlen);
 
 #endif

@@ -1,6 +1,15 @@
-/* ops.c: see ops.h. Sums run in double where a long reduction feeds a
- * normalisation (RMSNorm over 1024..5120 values), so the result does not
- * drift with the length of the row.
+/* ops.c: the element-wise and per-row operations of a Qwen3 layer (see
+ * ops.h): RMSNorm, RoPE, SwiGLU, the pieces of attention's softmax, argmax.
+ *
+ * Data flow: kernels/, the bottom layer (run.c -> model -> attn -> kv ->
+ * kernels): model/ calls rmsnorm, rope and swiglu between its matmuls and
+ * find_nonfinite on its outputs, attn/ calls max_from and exp_sub_sum per
+ * chunk of scores, sample/ (for speculative/ too) and eval/ call argmax on
+ * logits [V]. Everything works on f32 rows, in place where ops.h says so.
+ *
+ * Sums run in double where a long reduction feeds a normalisation
+ * (RMSNorm over 1024..5120 values), so the result does not drift with the
+ * length of the row.
  *
  * exp on AVX-512 (exp16): e^x = 2^k e^r with k = round(x log2 e) and
  * r = x - k ln 2 in two parts (Cody-Waite: ln 2 = C1 + C2, C1 exact in a
@@ -18,8 +27,8 @@
 #include <string.h>
 
 void rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
-    /* eight independent chains of partial sums (one serial chain of double
-     * adds made this a few percent of a small model's forward) */
+    /* eight independent chains of partial sums: one serial chain of double
+     * adds waits out every add's latency (docs/kernel-notes.md#rmsnorm-chains) */
     double part[8] = {0}, ss = 0;
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -58,8 +67,9 @@ AVX512 __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     /* below -87.33 (e^x under 1.19e-38, near FLT_MIN) the result is 0, not
      * subnormal: every subnormal result, and every FMA that later takes one
-     * as input, costs a microcode assist, and attention whose scores spread
-     * over more than 87 ran up to 8x slower with them (see attn_group) */
+     * as input, costs a microcode assist, which slows attention whose scores
+     * spread over more than 87 several times over (see attn_block;
+     * docs/kernel-notes.md#subnormals) */
     const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_NLT_UQ);
     return _mm512_maskz_scalef_ps(normal, p, k);
 }
@@ -141,8 +151,9 @@ int argmax_ref(const float *x, int n) {
 }
 
 /* The largest value (max_from16), then the first lane equal to it: two
- * passes of 16 lanes where the scalar loop's compare-and-branch cost 4 us
- * over a 4160-entry vocabulary, paid 7 times per speculative cycle. */
+ * passes of 16 lanes in place of the scalar loop's compare-and-branch per
+ * entry, which speculative decoding pays several times per cycle
+ * (docs/kernel-notes.md#argmax). */
 AVX512 int argmax16(const float *x, int n) {
     const float m = max_from16(x, n, -INFINITY);
     const __m512 mv = _mm512_set1_ps(m);
@@ -179,13 +190,4 @@ AVX512 float exp_sub_sum16(float *x, int n, float m) {
 
 float exp_sub_sum(float *x, int n, float m) {
     return kernels_level() >= 2 ? exp_sub_sum16(x, n, m) : exp_sub_sum_ref(x, n, m);
-}
-
-void softmax(float *x, int n) {
-    float mx = x[0];
-    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += (x[i] = expf(x[i] - mx));
-    float inv = (float)(1.0 / sum);
-    for (int i = 0; i < n; i++) x[i] *= inv;
 }

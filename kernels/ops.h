@@ -2,13 +2,15 @@
  *
  * Data flow: model/ applies these between the matmuls: RMSNorm before each
  * block and on every q/k head, RoPE on q and k, SwiGLU between the MLP's
- * projections, softmax for sampling, and attention's exponentials. All
+ * projections, argmax for greedy sampling, attention's exponentials, and
+ * the check for NaN and infinity on the outputs. All
  * f32, all in place where marked. Most are cheap next to the matmuls and
  * stay one plain loop the compiler vectorises. The two that call exp per
  * element (swiglu, exp_sub_sum) have an AVX-512 path with its own exp
  * next to a plain C reference (_ref, libm expf) it is tested against:
- * with libm, exp was a tenth of a small model's forward and of long-context
- * attention.
+ * libm's expf is a call per element, and with it exp is a visible share of
+ * a small model's forward and of long-context attention
+ * (docs/kernel-notes.md#exp).
  */
 #ifndef OPS_H
 #define OPS_H
@@ -37,7 +39,5 @@ void exp16_array(float *y, const float *x, int n);
  * finite: the model checks its outputs with it, so that bad weights end
  * the run with an error instead of printing token 0 forever. */
 long find_nonfinite(const float *x, long n);
-/* x[n] = softmax(x) in place */
-void softmax(float *x, int n);
 
 #endif

@@ -1,6 +1,17 @@
-/* vec.c: dot / axpy over f32 and f16 vectors (see vec.h). The AVX2 versions
- * (8 lanes, F16C for halves) serve both AVX2 and AVX-512 machines: vectors
- * here are one head long, too short for 16 lanes to pay for their tails. */
+/* vec.c: dot / axpy over f32 and f16 vectors (see vec.h), and f32 -> f16
+ * narrowing.
+ *
+ * Data flow: kernels/, the bottom layer (run.c -> model -> attn -> kv ->
+ * kernels): the kv/ schemes that keep floats or halves (f32, KIVI's float
+ * window, and f16 where AVX-512 or the head dim rules out its tiles) call
+ * these once per cached vector and query head, x [d] against q [d],
+ * d = head_dim; f16 narrows each appended vector with vec_f32_to_f16.
+ *
+ * The AVX2 versions (8 lanes, F16C for halves) serve both AVX2 and AVX-512
+ * machines: vectors here are one head long, too short for 16 lanes to pay
+ * for their tails. f16 follows IEEE 754 binary16, narrowing rounds to
+ * nearest even as kernels/half.h does; each _ref is the plain C the tests
+ * hold the dispatched version to. */
 #include "kernels/vec.h"
 #include "kernels/half.h"
 #include "kernels/matmul.h"

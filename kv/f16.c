@@ -1,10 +1,15 @@
 /* f16.c: IEEE half precision, llama.cpp's default KV type.
  *
+ * Data flow: attn/ -> kv_score / kv_accum (kv.c) -> f16_score / f16_accum
+ * here -> kv/tile512.h's AVX-512 loops, or kernels/vec.c; append narrows
+ * each K or V vector x [d] with vec_f32_to_f16.
+ *
  *   stream: | f16 x[d] | f16 x[d] | ...   2·d bytes per position
  *
- * Narrowing rounds to nearest even (kernels/half.h); scores and the value
- * sum widen each half in registers (F16C), never into a float buffer:
- * AVX-512 tiles (kv/tile512.h) where the CPU has them, else kernels/vec.c.
+ * Narrowing rounds to nearest even (kernels/half.h, IEEE 754 binary16);
+ * scores and the value sum widen each half in registers (F16C), never into
+ * a float buffer: AVX-512 tiles (kv/tile512.h) where the CPU has them,
+ * else kernels/vec.c.
  */
 #include "kernels/vec.h"
 #include "kernels/half.h"
@@ -27,8 +32,8 @@ static int f16_check(int d, const KVOpts *o, char *err, size_t errlen) {
 }
 
 /* On a 64-byte line: malloc's large blocks sit 16 bytes into a page, which
- * split half of the 32-byte loads across two lines (at 32K positions,
- * 2 threads, attention ran about 3% slower). */
+ * splits half of the 32-byte loads across two lines
+ * (docs/kernel-notes.md#f16-alignment). */
 static int f16_init(KVStream *s, char *err, size_t errlen) {
     s->data = aligned_alloc(64, ((size_t)s->cap * s->d * sizeof(uint16_t) + 63) & ~(size_t)63);
     if (!s->data) { snprintf(err, errlen, "f16: out of memory for %d positions", s->cap); return -1; }

@@ -1,7 +1,13 @@
 /* f32.c: the reference KV scheme, one float per value, nothing lost.
  * Every other scheme is measured against it.
  *
+ * Data flow: attn/ -> kv_score / kv_accum (kv.c) -> f32_score / f32_accum
+ * here -> kernels/vec.c's dot and axpy, one cached vector and head at a
+ * time; append copies x [d] as it is.
+ *
  *   stream: | f32 x[d] | f32 x[d] | ...   4·d bytes per position
+ *
+ * The simplest implementation of kv.h's table: read it first.
  */
 #include "kernels/vec.h"
 #include "kv/kv.h"

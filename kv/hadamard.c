@@ -1,12 +1,23 @@
 /* hadamard.c: blockwise fast Walsh-Hadamard rotations (see hadamard.h).
  *
+ * Data flow: tbq2/3/4 (kv/tbq_common.c) and q4h rotate each appended K/V
+ * vector x [d] here, and their to_domain / from_domain rotate a query head
+ * in and an output head back once per attention call; blocks of n = 128
+ * (or d when d is 32 or 64):
+ *
+ *   | block 0: x[0..n) | block 1: x[n..2n) | ...   each y = s2 ⊙ H(s1 ⊙ x)/√n
+ *
+ * Signs and order follow the public TBQ4_0 / turbo4 llama.cpp forks (spec
+ * kv_schemes.md, rotation section).
+ *
  * A rotation runs once per appended vector and once per query / output head,
  * never per cached token; still, with a small model decoding a few tokens
- * per forward, the plain C butterfly was 14% of a tbq4 forward. So 128-point
- * blocks take an AVX-512 path where the CPU has it: the block as 8 vectors
- * of 16, stages h = 16, 32, 64 between vectors and h = 1..8 inside each
- * with a lane shuffle. It does the same adds in the same pairs as
- * had_fwht, so its results are bit-identical to the plain C block (tested).
+ * per forward, the plain C butterfly is a visible share of a tbq4 forward
+ * (docs/kernel-notes.md#hadamard). So 128-point blocks take an AVX-512 path
+ * where the CPU has it: the block as 8 vectors of 16, stages h = 16, 32, 64
+ * between vectors and h = 1..8 inside each with a lane shuffle. It does the
+ * same adds in the same pairs as had_fwht, so its results are bit-identical
+ * to the plain C block (tested).
  */
 #include "kv/hadamard.h"
 #include "kernels/matmul.h"

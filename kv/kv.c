@@ -3,7 +3,10 @@
  *
  * Sits between attn/ (which calls kv_score / kv_accum) and the per-scheme
  * files kv/<scheme>.c (which fill in a KVScheme). Adding a scheme means one
- * file plus one line in kv_schemes[] below.
+ * file plus one line in kv_schemes[] below. The cache is a KVStream per
+ * layer, kv head and role (kv.h draws it); each stream's bytes belong to
+ * its scheme. The table follows ggml's type traits: dequant is the
+ * mandatory reference, score / accum optional fast paths.
  */
 #include "kv/kv.h"
 
@@ -49,6 +52,10 @@ static int parse_one(const char *s, size_t n, const KVScheme **sc, KVOpts *o, ch
     buf[n] = 0;
     memset(o, 0, sizeof *o);
     char *save = NULL, *tok = strtok_r(buf, ":", &save);
+    /* llama.cpp's names for the same formats (--cache-type-k q8_0) */
+    static const char *const alias[][2] = {{"q8_0", "q8"}, {"q4_0", "q4"}};
+    for (size_t i = 0; tok && i < sizeof alias / sizeof *alias; i++)
+        if (strcmp(tok, alias[i][0]) == 0) tok = (char *)alias[i][1];
     *sc = tok ? kv_find(tok) : NULL;
     if (!*sc) {
         char names[512] = "";
@@ -72,21 +79,27 @@ static int parse_one(const char *s, size_t n, const KVScheme **sc, KVOpts *o, ch
     return 0;
 }
 
+/* "name" uses one scheme for K and V; "kname/vname" one each. */
 int kv_spec_parse(const char *s, KVSpec *spec, char *err, size_t errlen) {
-    /* "k/v" is accepted too, for lists where ',' separates specs (-m compare) */
-    const char *comma = strchr(s, ',') ? strchr(s, ',') : strchr(s, '/');
-    if (!comma) {
+    /* "k/v": a comma is what separates specs in a list (-m compare) */
+    const char *slash = strchr(s, '/');
+    if (strchr(s, ',')) {
+        snprintf(err, errlen, "-kv: expected SCHEME or KSCHEME/VSCHEME, found '%s' (a comma separates schemes to "
+                 "compare)", s);
+        return -1;
+    }
+    if (!slash) {
         if (parse_one(s, strlen(s), &spec->k, &spec->ko, err, errlen)) return -1;
         spec->v = spec->k;
         spec->vo = spec->ko;
         return 0;
     }
-    if (strchr(comma + 1, ',') || strchr(comma + 1, '/')) {
-        snprintf(err, errlen, "-kv: expected SCHEME or KSCHEME,VSCHEME, found '%s'", s);
+    if (strchr(slash + 1, '/')) {
+        snprintf(err, errlen, "-kv: expected SCHEME or KSCHEME/VSCHEME, found '%s'", s);
         return -1;
     }
-    if (parse_one(s, (size_t)(comma - s), &spec->k, &spec->ko, err, errlen)) return -1;
-    return parse_one(comma + 1, strlen(comma + 1), &spec->v, &spec->vo, err, errlen);
+    if (parse_one(s, (size_t)(slash - s), &spec->k, &spec->ko, err, errlen)) return -1;
+    return parse_one(slash + 1, strlen(slash + 1), &spec->v, &spec->vo, err, errlen);
 }
 
 static void one_name(const KVScheme *sc, const KVOpts *o, char *out, size_t n) {
@@ -100,7 +113,7 @@ void kv_spec_name(const KVSpec *spec, char *out, size_t n) {
     one_name(spec->k, &spec->ko, a, sizeof a);
     one_name(spec->v, &spec->vo, b, sizeof b);
     if (strcmp(a, b) == 0) snprintf(out, n, "%s", a);
-    else snprintf(out, n, "%s,%s", a, b);
+    else snprintf(out, n, "%s/%s", a, b);
 }
 
 int kv_stream_init(KVStream *s, const KVScheme *sc, const KVOpts *o, int d, int cap, int layer, int role,
@@ -126,11 +139,14 @@ void kv_stream_free(KVStream *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* The scheme writes position s->len; the count is kept here, once. */
 void kv_stream_append(KVStream *s, const float *x) {
     s->scheme->append(s, x);
     s->len++;
 }
 
+/* Rollback (speculative decoding) goes back at most KV_MAX_ROLLBACK
+ * positions, which is all a windowed scheme keeps floats for; 0 empties. */
 int kv_stream_truncate(KVStream *s, int n) {
     if (n < 0 || n > s->len || (n != 0 && n < s->len - KV_MAX_ROLLBACK)) return -1;
     s->scheme->truncate(s, n);
@@ -148,6 +164,8 @@ void kv_from_domain(const KVStream *s, const float *y, float *x) {
     else if (y != x) memcpy(x, y, (size_t)s->d * sizeof(float));
 }
 
+/* Rotation first, then the product, as kv.h promises: the same bits as
+ * kv_to_domain followed by a multiply. */
 void kv_to_domain_scaled(const KVStream *s, const float *x, float a, float *y) {
     if (s->scheme->to_domain) {
         s->scheme->to_domain(s, x, y);
@@ -157,6 +175,7 @@ void kv_to_domain_scaled(const KVStream *s, const float *x, float a, float *y) {
     }
 }
 
+/* The product first (in place in y), then the rotation back. */
 void kv_from_domain_scaled(const KVStream *s, float *y, float a, float *x) {
     if (s->scheme->from_domain) {
         for (int j = 0; j < s->d; j++) y[j] *= a;
@@ -208,6 +227,8 @@ void kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1
     else kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
 }
 
+/* Two streams per layer and kv head, each sized for cap positions up
+ * front: nothing allocates while the model runs. */
 int kv_cache_init(KVCache *c, const KVSpec *spec, int n_layers, int n_kv, int d, int cap,
                   char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
@@ -248,6 +269,7 @@ void kv_cache_free(KVCache *c) {
     memset(c, 0, sizeof *c);
 }
 
+/* Every stream holds the same positions: the first one speaks for all. */
 int kv_cache_len(const KVCache *c) { return c->k ? c->k[0].len : 0; }
 
 int kv_cache_truncate(KVCache *c, int n) {

@@ -126,10 +126,11 @@ extern const KVScheme *const kv_schemes[];
 extern const int kv_n_schemes;
 const KVScheme *kv_find(const char *name);
 
-/* Parses "name[:opts]" or "kname[:opts],vname[:opts]" (or with "/" in place
- * of ","). 0 ok, -1 + err line. */
+/* Parses "name[:opts]" or "kname[:opts]/vname[:opts]"; llama.cpp's q8_0
+ * and q4_0 name q8 and q4. A comma is refused: it separates specs in a
+ * list (-m compare), which the caller splits. 0 ok, -1 + err line. */
 int kv_spec_parse(const char *s, KVSpec *spec, char *err, size_t errlen);
-/* Writes the canonical name of a spec ("q8", "q8,tbq4", "kivi2:g32:r128"). */
+/* Writes the canonical name of a spec ("q8", "q8/tbq4", "kivi2:g32:r128"). */
 void kv_spec_name(const KVSpec *spec, char *out, size_t n);
 
 /* role: 0 for a K stream, 1 for a V stream (schemes that store K and V
@@ -152,9 +153,10 @@ void kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1
 void kv_to_domain(const KVStream *s, const float *x, float *y);
 void kv_from_domain(const KVStream *s, const float *y, float *x);
 /* The same with every value times a (attention's score scale, the softmax's
- * 1 / sum): one pass where the domain is the identity, and bit for bit the
- * rotation followed by the product. kv_from_domain_scaled may scale y in
- * place (attention's accumulator, scratch by then). */
+ * 1 / sum), in one pass where the domain is the identity. kv_to_domain_scaled
+ * is bit for bit the rotation followed by the product; kv_from_domain_scaled
+ * scales y in place first (attention's accumulator, scratch by then), then
+ * rotates back, which may round differently from rotating first. */
 void kv_to_domain_scaled(const KVStream *s, const float *x, float a, float *y);
 void kv_from_domain_scaled(const KVStream *s, float *y, float a, float *x);
 

@@ -1,5 +1,11 @@
 /* lloydmax.c: Lloyd-Max N(0,1) codebooks (see lloydmax.h).
  *
+ * Data flow: lb_fmt (kv/lowbit.c) scales a table here to its block size
+ * when a tbq, polar4 or lm3 stream opens; lb_encode then codes each value
+ * as its nearest centroid, and the kernels decode through the same table:
+ *
+ *   c4: -2.7326 .. -0.1284 | +0.1284 .. +2.7326   (16 ascending, idx 0..15)
+ *
  * The positive halves are the spec's tables (kv_schemes.md, Codebooks); the
  * negative halves mirror them. Not the "TheTom-4" 4-bit table nor the Indras
  * TBQ3 one, which the spec measured at 2.1x and +45% error.

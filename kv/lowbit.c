@@ -1,6 +1,18 @@
 /* lowbit.c: code packing, block encode/decode and the AVX2 / AVX-512
  * score and accumulate kernels of the packed low-bit KV schemes (layouts in
- * lowbit.h), with integer (AVX-512 VNNI) ones for tbq4's shape at the end. The plain C path is kv.c's reference over lb_dequant.
+ * lowbit.h), with integer (AVX-512 VNNI) ones for tbq4's shape at the end.
+ * The plain C path is kv.c's reference over lb_dequant.
+ *
+ * Data flow: attn/ -> kv_score / kv_accum -> the scheme's table (tbq2/3/4,
+ * polar4, lm3, q4h point at lb_kv_score / lb_kv_accum) -> here; the index
+ * schemes' appends come in through lb_encode (Lloyd-Max codes,
+ * kv/lloydmax.h), q4h writes its q4_0 blocks itself. A stored vector,
+ * vec_bytes per position:
+ *
+ *   | scale (fp16 or fp32) | codes of n values | scale | codes | ...   nb blocks
+ *
+ * References: the public TBQ4_0 / turbo llama.cpp forks for the 2/3/4-bit
+ * index packing, llama.cpp's q4_0 for LB_Q4_0 (spec kv_schemes.md).
  *
  * AVX2 decodes 8 codes with a 32-bit broadcast of the bytes holding them, a
  * per-lane variable shift that moves code k to the bottom of lane k, and
@@ -11,9 +23,9 @@
  * nibbles are integers and are converted. Decoded values feed one FMA per
  * query head, so a group of up to 4 heads shares every decode; wider groups
  * are split. Block scales are applied once per block (score) or folded into
- * the softmax weights (accumulate). Cost per 128 4-bit values and 2 heads at
- * d = 128, score + accumulate over 32K positions: about half of f16's on
- * AVX-512, about equal on AVX2.
+ * the softmax weights (accumulate). At d = 128, score + accumulate over
+ * 4-bit codes cost less than f16's on AVX-512 and about as much on AVX2
+ * (docs/kernel-notes.md#lowbit-cost).
  */
 #include "kv/lowbit.h"
 #include "kernels/half.h"
@@ -332,15 +344,12 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
 /* Positions [t, t + n) of a stream of vb-byte vectors, fetched ahead of
  * use into L1, and the same LB_FAR positions on from DRAM into L2: the K
  * and V streams alternate every attention chunk, and without the near ones
- * the 4-bit kernels waited on memory at long context. Always inline like
- * the kernels it serves: as a plain static inline, GCC 12 emitted none of
- * its prefetches (no prefetcht0 in this file's object); with them tbq4
- * attention over 224 streams of 32K positions went from 22.1 to 18.0 ns
- * per position and kv head; the far ones (and pairs16.h's, with its sums
- * through p16_dpwssd) took it from 51-55 to 48-50 ms for all 224 (2
- * threads, fastest of 20 to 30 runs, alternating in one process). */
+ * the 4-bit kernels wait on memory at long context. Always inline like
+ * the kernels it serves: as a plain static inline, GCC 12 emits none of
+ * its prefetches (no prefetcht0 in this file's object). Both distances pay
+ * at long context (docs/kernel-notes.md#lowbit-prefetch). */
 #define LB_AHEAD 32
-#define LB_FAR P16_FAR /* the far distance pairs16.h's accumulate measured (512) */
+#define LB_FAR P16_FAR /* pairs16.h's far distance (512 positions), tuned with it */
 
 AVX512_INLINE void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
     const char *p = (const char *)data + (size_t)t * (size_t)vb;
@@ -465,8 +474,9 @@ AVX512_INLINE void score16_one(const LbFmt *f, const int NQ, const uint8_t *data
 }
 
 /* score_body for 4-bit codes, 16 values per step; positions four at a time
- * so that their horizontal sums share one shuffle tree per head (the
- * per-position reduction was half of this function's time). */
+ * so that their horizontal sums share one shuffle tree per head (a
+ * reduction per position is a large share of the function's time:
+ * docs/kernel-notes.md#lowbit-score-reduction). */
 AVX512_INLINE void score16_body(const LbFmt *f, const int NQ, const int renorm, const uint8_t *data, int d,
                                 const float *q, int t0, int t1, float *out, int ldo) {
     const __m512 cb = _mm512_loadu_ps(f->cb), z = _mm512_setzero_ps();
@@ -595,9 +605,9 @@ AVX512 static void accum_avx512(const LbFmt *f, const uint8_t *data, int d, cons
  * to 127), the codebook to u8 (cb8), vpshufb looks 64 codes up in one
  * instruction (a 16-byte table per 128-bit lane) and vpdpbusd adds 4
  * products per lane. A position costs 5 instructions of decode plus 2 per
- * head, where the float path spends 16 plus 8 per head: the score half of
- * tbq4 attention went from 8.4 to about 5 ns per position for 2 heads,
- * rounding the queries included.
+ * head, where the float path spends 16 plus 8 per head, so the score half
+ * of tbq4 attention takes markedly less time, rounding the queries included
+ * (docs/kernel-notes.md#tbq4-integer-scores).
  *
  *   codes   byte b = idx[2b] | idx[2b+1] << 4   (low nibbles: even values)
  *   query   qe[b] = q8[2b], qo[b] = q8[2b+1]    (the same split, int8)
@@ -778,8 +788,7 @@ PAIRS16 void tbq_dec16(const KVStream *s, int t, int u, __m512i x[4][2]) {
         /* the two positions' code bytes, widened and interleaved once,
          * then looked up for the low (even) and high (odd) nibbles: 2
          * interleaves per 32 bytes where interleaving the looked-up values
-         * took 4 (the same sums; 4.5 against 5.0 ns per position for 2
-         * heads, 2048 positions from L2, 1 thread) */
+         * takes 4 (the same sums; docs/kernel-notes.md#tbq4-integer-sums) */
         const __m512i a = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qt + 32 * h))),
                       b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qu + 32 * h)));
         const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);

@@ -2,7 +2,8 @@
  * scale and 32 signed bytes each, stored in tiles of 16 positions laid out
  * for the integer dot products that read them.
  *
- * Data flow: kv_stream_append quantizes one K or V vector into d/32 blocks
+ * Data flow (attn/ -> kv_score / kv_accum -> here -> kernels/quant32.h,
+ * kv/pairs16.h): kv_stream_append quantizes one K or V vector into d/32 blocks
  * and writes them into its tile; attention scores and sums straight from
  * the tiles (q8_score, q8_accum), never widening a cached vector into a
  * float buffer: with AVX-512 VNNI as integer dot products over whole tiles,
@@ -18,11 +19,10 @@
  *            positions 2i and 2i+1 byte by byte, so that 32 bytes widened to
  *            int16 are the word pairs vpdpwssd multiplies by 2 weights
  *
- * Rows of blocks (ggml's order) made scores add up lanes of each position
+ * Rows of blocks (ggml's order) make scores add up lanes of each position
  * after its dot products, and sums gather every block's scale: in tiles both
- * go, and at 32K positions the cache's read rate went up where a row layout's
- * did not (measured in the README's KV section). The bytes are q8_0's, 8.5
- * bits a value.
+ * go, and at long context the cache reads faster than a row layout's
+ * (docs/kernel-notes.md#q8-tiles). The bytes are q8_0's, 8.5 bits a value.
  *
  * Rule (ggml quantize_row_q8_0_ref): d = max|x| / 127, q = roundf(x / d)
  * with the float d (before its fp16 rounding), 0 for an all-zero block;
@@ -141,10 +141,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c"))) static void a
     }
 }
 
-/* 16 lanes where the CPU has AVX-512: 0.15-0.18 us a vector of 128
- * against 1.0-1.2 in plain C (a libm call per value), first writes to the
- * pages included; plain C made filling a 32K cache of the 0.6B shape take
- * 3x as long as f16's. */
+/* 16 lanes where the CPU has AVX-512: plain C makes a libm call (roundf)
+ * per value, several times slower, which shows when a long prompt fills
+ * the cache (docs/kernel-notes.md#q8-append). */
 static void q8_append(KVStream *s, const float *x) {
     if (kernels_level() >= 2) append512(s, x);
     else append_ref(s, x);
@@ -192,7 +191,8 @@ static void accum_c(const KVStream *s, const float *p, int ldp, int nq, int t0, 
 #define AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline)) static inline
 
 /* scale_at with F16C, inline: the plain C conversion, called out of line
- * once per block, took a third of a float path's time. */
+ * once per block, is a large share of a float path's time
+ * (docs/kernel-notes.md#q8-float-tiles). */
 AVX2_INLINE float scale16c(const KVStream *s, int t, int k) {
     uint16_t h;
     memcpy(&h, tile(s, t) + scale_off(t, k), 2);
@@ -220,9 +220,9 @@ __attribute__((target("avx512f"), always_inline)) static inline void store_lanes
  * apart and then take the 16 positions' scales (one load). Sums: a V pair's
  * 16 values widened to int16 are dwords | even position | odd position |,
  * split by shifts into two vectors of 16 values, each times its position's
- * weight p_t · d_t. attn_group alone, 1 thread, 32K positions from L3:
- * 19 ns per position (2 heads) against 24 on rows of blocks; reading tiles
- * through a gather per block took 62 to 70. */
+ * weight p_t · d_t. Faster than the same loops on rows of blocks, and far
+ * faster than reading tiles through a gather per block
+ * (docs/kernel-notes.md#q8-float-tiles). */
 #define F512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) static inline
 
 /* Scores [t0, t1) of a K stream for NQ <= 4 heads, a tile at a time. */
@@ -231,7 +231,7 @@ F512 void score_tiles_f(const KVStream *s, const int NQ, const float *q, int t0,
     for (int ta = t0 - t0 % TT; ta < t1; ta += TT) {
         const uint8_t *tl = tile(s, ta);
         /* a light prefetch two tiles on (untuned, as are the sums' below:
-         * these paths serve CPUs without VNNI, which this host is not) */
+         * these paths serve CPUs without VNNI, and were not tuned on one) */
         _mm_prefetch((const char *)tl + 2 * tile_bytes(s), _MM_HINT_T0);
         __m512 acc[4];
         for (int i = 0; i < NQ; i++) acc[i] = _mm512_setzero_ps();
@@ -328,8 +328,9 @@ accum_f512(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, f
  * The same loops in 8 lanes: a K line is two halves of 8 positions; a V
  * pair's 16 bytes widen to 8 dwords | even | odd |, and the sums go
  * straight into acc (16 registers hold too little to keep it), every head's
- * from one decode. attn_group alone as above: 52 ns per position against
- * 48 on rows of blocks (the scores' shifts) and 77-80 through gathers. */
+ * from one decode. Here the scores' shifts make the tiles slightly slower
+ * than rows of blocks, still well ahead of gathers
+ * (docs/kernel-notes.md#q8-float-tiles). */
 #define F256 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
 /* Scores [t0, t1) of a K stream for NQ <= 2 heads. */
@@ -479,14 +480,12 @@ VNNI_INLINE int q8_query(const float *q, Q8Query *o) {
  *         step (from byte 544 · r/2 they reach into the next quarter, so
  *         the four calls cover all 34 lines);
  *   near: the next tile, from L2 into L1, 5 lines every step.
- * Every line needs its own far prefetch (one per 128 bytes left half the
+ * Every line needs its own far prefetch (one per 128 bytes leaves half the
  * lines to demand misses), but each holds a fill buffer until its line
- * arrives: 17 at a tile's start stalled the loop, and 10 every other step
- * ran faster than 5 every step. Without the near ones the loop stalled at
- * the first load of each step, waiting on L2. Score and sum over 224
- * streams of 32K positions from DRAM, 2 threads, fastest of 30 runs:
- * 73.5-74.5 ms against 79.4-80.0 with the far 5-line prefetches alone and
- * 104 with none; distances of 8 to 32 tiles measured the same. */
+ * arrives: 17 at a tile's start stall the loop, and 10 every other step
+ * run faster than 5 every step. Without the near ones the loop stalls at
+ * the first load of each step, waiting on L2. Any distance from 8 to 32
+ * tiles does as well as 16 (docs/kernel-notes.md#q8-prefetch). */
 #define AHEAD 16
 VNNI_INLINE void tile_ahead(const KVStream *s, int t, int r) {
     const char *far = (const char *)s->data + (size_t)(t / TT + AHEAD) * TILE128 + TILE128 / 8 * r;

@@ -1,6 +1,9 @@
 /* tbq2.c: 2-bit TurboQuant KV blocks: the tbq4 rule (tbq_common.h) with
  * the spec's 2-bit Lloyd-Max table.
  *
+ * Data flow: as every tbq scheme: appends through tbq_common.c (rotate,
+ * normalise, code), attention through kv/lowbit.c's kernels.
+ *
  *   | fp16 d | qs[32]: 4 indices per byte, index k at bits 2k..2k+1 |   34 B per 128, 2.125 bits
  *
  * turbo2 of the public llama.cpp forks, spec kv_schemes.md row tbq2.

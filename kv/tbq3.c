@@ -1,6 +1,9 @@
 /* tbq3.c: 3-bit TurboQuant KV blocks: the tbq4 rule (tbq_common.h) with
  * the spec's 3-bit Lloyd-Max table.
  *
+ * Data flow: as every tbq scheme: appends through tbq_common.c (rotate,
+ * normalise, code), attention through kv/lowbit.c's kernels.
+ *
  *   | fp16 d | qs[48]: 8 indices per 24-bit LE word, index k at bits 3k..3k+2 |   50 B per 128, 3.125 bits
  *
  * The layout of the public TBQ3_0, with a correct codebook in place of the

@@ -4,6 +4,10 @@
  * kept; attention scores and sums in the rotated domain (tbq_common.h),
  * with AVX-512 VNNI as integer dot products (lowbit.c).
  *
+ * Data flow: as every tbq scheme: appends through tbq_common.c (rotate,
+ * normalise, code), attention through kv/lowbit.c's kernels (and
+ * kv/pairs16.h's integer sums).
+ *
  *   | fp16 d | qs[64]: qs[j/2] = idx[j] | idx[j+1] << 4 |   66 B per 128 values, 4.125 bits
  *
  * Byte-compatible with TBQ4_0 / turbo4_0 of the public llama.cpp forks

@@ -1,5 +1,16 @@
 /* tbq_common.c: rotation, norm correction and stream set-up shared by
  * tbq2/3/4 (format and rule in tbq_common.h).
+ *
+ * Data flow: kv_stream_append -> tbq_append here: x [d] rotated by
+ * kv/hadamard.c, each block of n = 128 normalised, coded by lb_encode
+ * (kv/lowbit.c) and given its norm-corrected scale; attention then reads the
+ * blocks through kv/lowbit.c's kernels in the rotated domain (tbq_to_domain
+ * and tbq_from_domain rotate the query and the output once per call).
+ *
+ *   block: | fp16 d | qs: n indices of b bits |   2 + n·b/8 bytes, d = ‖x‖/‖c[idx]‖
+ *
+ * Reference: TurboQuant (arXiv 2504.19874) without the QJL stage, in the
+ * TBQ4_0 / turbo layout of the public llama.cpp forks (spec kv_schemes.md).
  */
 #include "kv/tbq_common.h"
 #include "kernels/half.h"

@@ -34,8 +34,9 @@ typedef void (*Widen32)(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi)
 
 /* Positions are rows of rb bytes from s->data. The loops prefetch the row
  * TILE_AHEAD positions ahead: the K and V streams alternate every chunk of
- * 128 positions, and the hardware prefetcher alone kept one thread at half
- * the bandwidth of a plain read. */
+ * 128 positions, which the hardware prefetcher alone does not follow well
+ * enough to keep a thread near the bandwidth of a plain read
+ * (docs/kernel-notes.md#tile512-prefetch). */
 #define TILE_AHEAD 16
 
 TILE512 void tile_prefetch(const KVStream *s, size_t rb, int t) {

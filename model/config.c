@@ -5,18 +5,19 @@
  * Every field is either absent (or null), which takes transformers' default,
  * or present with a value the model can use; a present value that is of the
  * wrong type or impossible (max_position_embeddings 0, a bool that is a
- * string) is an error naming the field, never replaced by the default. */
+ * string) is an error naming the field, never replaced by the default.
+ *
+ * Data flow: model/source.c parses the files (format/json.c) and hands the
+ * trees here; model_load then checks every tensor's shape and sizes every
+ * buffer from the Config. */
 #include "model/config.h"
-#include "format/file.h"
 #include "format/json.h"
 #include "format/quote.h"
 #include "kv/kv.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 /* What a field held, for error lines: its number or its JSON type. */
 static const char *found(const Json *f, char *buf, size_t n) {
@@ -232,20 +233,6 @@ int config_parse(Config *c, const Json *j, const char *path, char *err, size_t e
     return read_eos(c, j, path, err, errlen);
 }
 
-int config_load(Config *c, const char *dir, char *err, size_t errlen) {
-    char path[4096];
-    memset(c, 0, sizeof *c);
-    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path) {
-        snprintf(err, errlen, "%.200s...: expected a shorter directory name", dir);
-        return -1;
-    }
-    Json *j = json_parse_file(path, CFG_MAX_BYTES, err, errlen);
-    if (!j) return -1;
-    int rc = config_parse(c, j, path, err, errlen);
-    json_free(j);
-    return rc;
-}
-
 int config_parse_generation(Config *c, GenDefaults *g, const Json *j, const char *path, char *err, size_t errlen) {
     char b[2 * QUOTE_BUF];
     memset(g, 0, sizeof *g);
@@ -267,18 +254,4 @@ int config_parse_generation(Config *c, GenDefaults *g, const Json *j, const char
         return -1;
     }
     return read_eos(c, j, path, err, errlen);
-}
-
-int config_load_generation(Config *c, GenDefaults *g, const char *dir, char *err, size_t errlen) {
-    char path[4096];
-    struct stat st;
-    memset(g, 0, sizeof *g);
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    /* optional: absent is fine, anything else there must be a good file */
-    if (stat(path, &st) != 0 && errno == ENOENT) return 0;
-    Json *j = json_parse_file(path, CFG_MAX_BYTES, err, errlen);
-    if (!j) return -1;
-    int rc = config_parse_generation(c, g, j, path, err, errlen);
-    json_free(j);
-    return rc;
 }

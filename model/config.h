@@ -43,13 +43,11 @@ typedef struct {
 
 typedef struct Json Json;
 
-/* Reads dir/config.json. 0 ok, -1 with one line in err. */
-int config_load(Config *c, const char *dir, char *err, size_t errlen);
-/* The same from its parsed tree; path names it in error lines. */
+/* config.json's parsed tree into c; path names it in error lines.
+ * 0 ok, -1 with one line in err. */
 int config_parse(Config *c, const Json *j, const char *path, char *err, size_t errlen);
-/* Reads dir/generation_config.json when present (adds its eos ids to c).
- * Absent file: g->present = 0 and returns 0. Malformed: -1. */
-int config_load_generation(Config *c, GenDefaults *g, const char *dir, char *err, size_t errlen);
+/* generation_config.json's tree into g (g->present = 1), adding its eos
+ * ids to c. 0 ok, -1 with one line in err. */
 int config_parse_generation(Config *c, GenDefaults *g, const Json *j, const char *path, char *err, size_t errlen);
 
 #endif

@@ -1,5 +1,14 @@
 /* model.c: loading a Qwen3 checkpoint and its forward pass (see model.h).
  *
+ * Data flow: run.c -> model -> attn -> kv -> kernels. run.c (and speculative/,
+ * eval/) call model_forward; tensors come from format/safetensors.c through
+ * model/source.c, the matmuls and row ops from kernels/, attention from
+ * attn/ over the kv/ cache. One decoder layer (layer_forward), n tokens:
+ *
+ *   x [n, H] -> RMSNorm -> q [n, nH*hd], k, v [n, nKV*hd] -> per-head RMSNorm,
+ *   RoPE -> attention -> o_proj -> + x -> RMSNorm -> gate, up [n, I] ->
+ *   SwiGLU -> down -> + x
+ *
  * Follows the Hugging Face transformers Qwen3 modelling code, summarised in
  * shared/specs/qwen3.md: pre-norm decoder layers, q/k RMSNorm per head before
  * NeoX RoPE, GQA, SwiGLU MLP, final RMSNorm, tied or untied lm_head.
@@ -17,10 +26,9 @@
 #include <string.h>
 
 /* Tokens per forward chunk: bounds scratch memory (about 80 KB a token on
- * 0.6B with the matmul buffers); long prompts loop. 256 against 128:
- * prefill of 512 tokens +2.4% at 2 threads (the same model through both
- * builds in one process, 10 rounds): each matmul's weights stream from
- * memory once per chunk. */
+ * 0.6B with the matmul buffers); long prompts loop. 256 tokens: each
+ * matmul's weights stream from memory once per chunk, so larger chunks
+ * read them fewer times (measurements: docs/kernel-notes.md#chunk-size). */
 #define MODEL_BATCH 256
 
 /* ---- loading ---- */
@@ -252,7 +260,7 @@ static void relay_error(const Weight *w, int why, const char *what, char *err, s
 }
 
 /* Every bf16 matrix into panels, the layout the AVX-512 kernel reads best
- * (kernels/matmul.h): 0.6B prefill 257 -> 301 tok/s, decode 23.4 -> 27.8;
+ * (kernels/matmul.h; docs/kernel-notes.md#bf16-panels);
  * with act_bf16 into DT_BF16D instead, and then every matrix a matmul
  * reads must take it (-1 with err naming the first that cannot). A tied
  * lm_head follows the embedding, whose lookups then read panels too. */
@@ -297,9 +305,17 @@ static int to_panels(Model *m, int act_bf16, char *err, size_t errlen) {
     return rc;
 }
 
-int model_load(Model *m, const char *dir, int flags, char *err, size_t errlen) {
+int model_load(Model *m, const char *path, int flags, char *err, size_t errlen) {
+    ModelSource src;
+    if (source_open(&src, path, err, errlen)) return -1;
+    int rc = model_load_source(m, &src, flags, err, errlen);
+    source_free(&src);
+    return rc;
+}
+
+int model_load_source(Model *m, const ModelSource *src, int flags, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
-    if (config_load(&m->cfg, dir, err, errlen) || st_open_dir(&m->ts, dir, err, errlen)) return -1;
+    if (source_config(src, &m->cfg, err, errlen) || source_tensors(src, &m->ts, err, errlen)) return -1;
     const Config *c = &m->cfg;
     if (flags & MODEL_ACT_BF16) {
         if (flags & MODEL_MAPPED) {
@@ -441,8 +457,8 @@ static void rope_tables(Model *m, int pos, int n) {
 }
 
 /* Row loops over fewer elements than this run on one thread: waking the
- * team costs microseconds, about what normalising a few rows costs. (On
- * the shipped model at 2 threads, 1024 and 32768 measured the same.) */
+ * team costs microseconds, about what normalising a few rows costs
+ * (docs/kernel-notes.md#row-loop-threads). */
 #define PAR_MIN 32768
 
 /* One decoder layer on x [n, H] in place; its K/V go to layer cl of kv. */

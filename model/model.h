@@ -24,6 +24,7 @@
 #include "kv/kv.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "model/source.h"
 
 typedef struct {
     float *in_norm, *post_norm;   /* [H] */
@@ -66,7 +67,8 @@ typedef struct {
     float *trace_q;
 } Model;
 
-/* Loads dir (config.json + safetensors). The weights are read into memory
+/* Loads the model at path (a folder, a .safetensors file in one, or a
+ * single-file model: model/source.h; config.json + safetensors). The weights are read into memory
  * in huge pages (st_to_memory: faster decode, a copy of the files) unless
  * flags has MODEL_MAPPED, which reads them where the files are mapped (no
  * copy: for weights about to be converted, or a second load of the same
@@ -75,7 +77,9 @@ typedef struct {
  * checkpoint in memory and AVX-512 BF16 needed, else an error).
  * 0 ok, -1 with one line in err. */
 enum { MODEL_MAPPED = 1, MODEL_ACT_BF16 = 2 };
-int model_load(Model *m, const char *dir, int flags, char *err, size_t errlen);
+int model_load(Model *m, const char *path, int flags, char *err, size_t errlen);
+/* The same from an opened source (model/source.h). */
+int model_load_source(Model *m, const ModelSource *src, int flags, char *err, size_t errlen);
 /* Converts matmul weights to q8 blocks (DT_Q8, kernels/matmul.h) after
  * model_load: MODEL_MAIN the decoder layers' projections and lm_head (a tied
  * model keeps its embedding for lookups and gets a q8 lm_head beside it),

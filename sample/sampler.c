@@ -1,9 +1,21 @@
-/* sampler.c: see sampler.h. */
+/* sampler.c: the next token from a row of logits (see sampler.h).
+ *
+ * Data flow: beside the main chain (run.c -> model -> attn -> kv ->
+ * kernels): run.c and speculative/ pass the logits [V] of a position here after
+ * model_forward; the chosen id is fed back to the model. In order:
+ *
+ *   logits [V] -> penalties (recent window) -> / temperature -> softmax
+ *   -> top-k -> top-p -> min-p -> renormalise -> draw (xorshift64*)
+ *   (temperature 0: argmax after the penalties)
+ *
+ * Penalties follow llama.cpp's; the filter chain the order of Hugging
+ * Face's and llama.cpp's defaults. */
 #include "sample/sampler.h"
 #include "kernels/ops.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 int sampler_init(Sampler *s, int vocab, float temperature, int top_k, float top_p, float min_p, uint64_t seed) {
     s->temperature = temperature;
@@ -12,6 +24,12 @@ int sampler_init(Sampler *s, int vocab, float temperature, int top_k, float top_
     s->min_p = min_p;
     s->rng = seed ? seed : 0x9E3779B97F4A7C15ULL;
     s->vocab = vocab;
+    s->repeat = 1;
+    s->frequency = s->presence = 0;
+    s->last_n = 0;
+    s->hist = s->count = NULL;
+    s->pen = NULL;
+    s->n_seen = 0;
     s->prob = malloc((size_t)vocab * sizeof(float));
     s->idx = malloc((size_t)vocab * sizeof(int));
     return s->prob && s->idx ? 0 : -1;
@@ -20,6 +38,49 @@ int sampler_init(Sampler *s, int vocab, float temperature, int top_k, float top_
 void sampler_free(Sampler *s) {
     free(s->prob);
     free(s->idx);
+    free(s->pen);
+    free(s->hist);
+    free(s->count);
+}
+
+int sampler_set_penalties(Sampler *s, int last_n, float repeat, float frequency, float presence) {
+    free(s->hist), free(s->count), free(s->pen);
+    s->hist = s->count = NULL, s->pen = NULL;
+    s->last_n = 0, s->n_seen = 0;
+    s->repeat = repeat, s->frequency = frequency, s->presence = presence;
+    if (last_n <= 0 || (repeat == 1 && frequency == 0 && presence == 0)) return 0;
+    s->hist = malloc((size_t)last_n * sizeof(int));
+    s->count = calloc((size_t)s->vocab, sizeof(int));
+    s->pen = malloc((size_t)s->vocab * sizeof(float));
+    if (!s->hist || !s->count || !s->pen) return -1;
+    s->last_n = last_n;
+    return 0;
+}
+
+int sampler_penalizes(const Sampler *s) { return s->last_n > 0; }
+
+void sampler_accept(Sampler *s, int id) {
+    if (!s->last_n) return;
+    s->hist[s->n_seen++ % s->last_n] = id;
+}
+
+/* logits with the penalties applied (s->pen), or logits itself when off.
+ * llama.cpp's order: repeat first, then frequency and presence. */
+static const float *penalize(Sampler *s, const float *logits) {
+    if (!s->last_n || !s->n_seen) return logits;
+    const int w = s->n_seen < s->last_n ? (int)s->n_seen : s->last_n;
+    memcpy(s->pen, logits, (size_t)s->vocab * sizeof(float));
+    for (int i = 0; i < w; i++)
+        if (s->hist[i] >= 0 && s->hist[i] < s->vocab) s->count[s->hist[i]]++;
+    for (int i = 0; i < w; i++) {
+        const int t = s->hist[i];
+        if (t < 0 || t >= s->vocab || !s->count[t]) continue;
+        float l = s->pen[t];
+        l = l > 0 ? l / s->repeat : l * s->repeat;
+        s->pen[t] = l - (float)s->count[t] * s->frequency - s->presence;
+        s->count[t] = 0; /* each token once; also leaves count zeroed */
+    }
+    return s->pen;
 }
 
 int sampler_argmax(const float *logits, int n) { return argmax(logits, n); }
@@ -91,6 +152,7 @@ void sampler_dist(Sampler *s, const float *logits) {
 }
 
 int sampler_sample(Sampler *s, const float *logits) {
+    logits = penalize(s, logits);
     if (s->temperature <= 0) return sampler_argmax(logits, s->vocab);
     sampler_dist(s, logits);
     float r = sampler_uniform(s), c = 0;

@@ -75,7 +75,7 @@ Test(cli, tokenize_matches_golden_ids) {
         want[strcspn(want, "\n")] = 0;
         out[strcspn(out, "\n")] = 0;
         cr_expect_str_eq(out, want, "%s", prompts[i]);
-        expect_stats(err);
+        cr_expect(!strstr(err, "stats:"), "tokenize runs no model: no stats line: %s", err);
         free(want);
         free(out);
         free(err);
@@ -196,7 +196,7 @@ Test(cli, compare_rows_name_their_weights) {
     int len = snprintf(cmd, sizeof cmd, "%s -kv f16", args);
     for (int i = 1; i < 64; i++) len += snprintf(cmd + len, sizeof cmd - (size_t)len, ",f16");
     cr_expect_eq(run(cmd, &out, &err), 2);
-    cr_expect(strstr(err, "-kv: too many schemes to compare") != NULL, "%s", err);
+    cr_expect(strstr(err, "-kv: expected at most 63 schemes to compare") != NULL, "%s", err);
     free(out);
     free(err);
 }

@@ -511,12 +511,16 @@ Test(kv, spec_parse) {
     cr_assert_eq(kv_spec_parse("f16", &sp, err, sizeof err), 0, "%s", err);
     cr_expect_eq(sp.k, kv_find("f16"));
     cr_expect_eq(sp.v, kv_find("f16"));
-    cr_assert_eq(kv_spec_parse("f32,f16", &sp, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kv_spec_parse("f32/f16", &sp, err, sizeof err), 0, "%s", err);
     kv_spec_name(&sp, name, sizeof name);
-    cr_expect_str_eq(name, "f32,f16");
+    cr_expect_str_eq(name, "f32/f16");
+    cr_assert_eq(kv_spec_parse("q8_0/q4_0", &sp, err, sizeof err), 0, "%s", err);
+    cr_expect(sp.k == kv_find("q8") && sp.v == kv_find("q4"), "llama.cpp's names");
     cr_expect_eq(kv_spec_parse("nope", &sp, err, sizeof err), -1);
     cr_expect(strstr(err, "unknown scheme 'nope'") != NULL, "%s", err);
-    cr_expect_eq(kv_spec_parse("f16,", &sp, err, sizeof err), -1);
-    cr_expect_eq(kv_spec_parse("f16,f16,f16", &sp, err, sizeof err), -1);
+    cr_expect_eq(kv_spec_parse("f16/", &sp, err, sizeof err), -1);
+    cr_expect_eq(kv_spec_parse("f16/f16/f16", &sp, err, sizeof err), -1);
+    cr_expect_eq(kv_spec_parse("f32,f16", &sp, err, sizeof err), -1, "a comma separates list items");
+    cr_expect(strstr(err, "comma") != NULL, "%s", err);
     cr_expect_eq(kv_spec_parse("f16:x3", &sp, err, sizeof err), -1);
 }

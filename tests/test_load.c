@@ -267,7 +267,7 @@ Test(load, vocab_smaller_than_tokenizer) {
     snprintf(p, sizeof p, "%s/config.json", d);
     replace_in(p, "\"vocab_size\": 4160", "\"vocab_size\": 4000");
     snprintf(a, sizeof a, "%s -i hi", d);
-    expect_fail(1, a, "vocab_size 4000 is smaller than the tokenizer", NULL);
+    expect_fail(1, a, "vocab_size 4000 in config.json is smaller than the tokenizer's", NULL);
 }
 
 Test(load, truncated_shard) {
@@ -312,7 +312,7 @@ Test(load, usage_errors_exit_2) {
     expect_fail(2, "tests/data/fixtures/tiny -n -3", "-n", NULL);
     expect_fail(2, "tests/data/fixtures/tiny -kv nope", "unknown scheme 'nope'", NULL);
     expect_fail(2, "tests/data/fixtures/tiny -m nope", "-m", NULL);
-    expect_fail(2, "tests/data/fixtures/tiny -zz 1", "unknown flag '-zz'", NULL);
+    expect_fail(2, "tests/data/fixtures/tiny -zz 1", "unknown option '-zz'", NULL);
     expect_fail(2, "tests/data/fixtures/tiny -m logits -i hi", "-o", NULL);
 }
 

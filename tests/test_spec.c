@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "spec/spec.h"
+#include "speculative/speculative.h"
 
 static char *run_out(const char *args) {
     const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";

@@ -25,5 +25,12 @@ char *chat_first_turn(const char *system, const char *user, int thinking);
 /* Follow-up turn after an assistant reply: "<|im_end|>\n" + user turn +
  * generation prompt. Same ownership as chat_first_turn. */
 char *chat_next_turn(const char *user, int thinking);
+/* The pieces the two are made of, for a chat that feeds its turns again
+ * after dropping old ones: the system block ("" for none), a user block
+ * with the generation prompt, and the text that closes a reply. Same
+ * ownership; first turn = system + user, next turn = CHAT_CLOSE + user. */
+char *chat_system(const char *system);
+char *chat_user(const char *user, int thinking);
+#define CHAT_CLOSE "<|im_end|>\n"
 
 #endif

@@ -1,5 +1,10 @@
 /* tokenizer.c: Qwen2/Qwen3 byte-level BPE (see tokenizer.h for the pipeline).
  *
+ * Data flow: beside the main chain (run.c -> model -> attn -> kv ->
+ * kernels): run.c turns prompt text into ids here (tok_encode) for
+ * model_forward, and sampled ids back into UTF-8 (tok_stream_put);
+ * tokenizer/unicode.c supplies NFC and the code point classes.
+ *
  * Load: tokenizer.json -> format/json.h tree -> every vocab key turned from
  * its GPT-2 byte-level spelling ("Ġthe") into raw bytes (" the") in one byte
  * arena; a hash from raw bytes to id; a hash from (left id, right id) to merge

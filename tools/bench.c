@@ -1,6 +1,12 @@
 /* bench.c: end-to-end speed of the engine on one model directory, next to
  * the machine's own memory bandwidth measured in the same run, as markdown.
  *
+ * Data flow: outside the engine, in run.c's place: it loads the model
+ * (model_load, model_quantize), fills kv/ caches directly and times
+ * model_forward, which runs the whole chain model -> attn -> kv -> kernels.
+ * The roofline it reports is bytes read per token against the measured
+ * read bandwidth (Williams, Waterman and Patterson, 2009).
+ *
  *   build/bench MODEL_DIR [--threads 1,2] [--ctx 8192,32768] [--kv f16,q8,q4,tbq4]
  *
  * (`make bench` runs it on a random-weight Qwen3-0.6B from tools/make_model.c.)
@@ -69,14 +75,13 @@
 #define PROMPT 16
 #define DECODE 128
 #define DECODE_REPS 3
-/* Prefill runs a few seconds, short enough that a burst of the host's other
- * tenants can cover each of two runs (one run gave 49% of the FMA peak, a
- * later one of the same code 59%): best of 5. */
+/* Prefill runs a few seconds, short enough that a burst of a shared
+ * host's other tenants can cover each of two runs: best of 5
+ * (docs/kernel-notes.md#bench-repetitions). */
 #define PREFILL_REPS 5
-/* Passes per scheme at long context, best kept. With 3, one run on AMD
- * EPYC read tbq4 at 32K and 2 threads 1.85x f16 while its attention alone
- * (bench_attn, minutes later) read 4.25x, and the next run 2.40x: a burst
- * of the host's other tenants can cover all of a scheme's passes. */
+/* Passes per scheme at long context, best kept: with fewer, a burst of a
+ * shared host's other tenants can cover all of a scheme's passes
+ * (docs/kernel-notes.md#bench-repetitions). */
 #define LONG_REPS 5
 #define POOL 4096 /* random k/v vectors cycled through when filling caches */
 
@@ -255,10 +260,9 @@ static void forward(Model *m, KVCache *kv, const int *tok, int n, float *logits)
  * as decode runs), and *bw_near gets the median of the best run's passes:
  * the bandwidth the host gave while that run decoded. (Section 1's best of
  * 5 passes, taken minutes earlier in 0.2 s, can meet a quieter host than
- * a run of several seconds: on this project's shared host the two differed
- * by up to 25%, and the roofline with them. The median, since one run's
- * passes once read a third of the others' while its tokens slowed by a
- * tenth.) */
+ * a run of several seconds, and the roofline moves with the difference.
+ * The median, since a single pass can read far less than the others while
+ * the tokens around it barely slow: docs/kernel-notes.md#bench-bandwidth.) */
 #define BW_EVERY 16
 #define BW_PASSES ((DECODE + BW_EVERY - 1) / BW_EVERY)
 static int cmp_double(const void *a, const void *b) {
@@ -396,8 +400,9 @@ int main(int argc, char **argv) {
     char cpu[256], err[512];
     cpu_name(cpu, sizeof cpu);
     /* the wait policy decides how multi-threaded decode copes with other
-     * load on the cores (measured: beside a nice-10 job, 2-thread decode ran
-     * 15x slower with libgomp's default than with passive), so runs name it */
+     * load on the cores (libgomp's default spins a while before it sleeps,
+     * and beside another job that is many times slower than passive:
+     * docs/kernel-notes.md#omp-wait-policy), so runs name it */
     const char *wait = getenv("OMP_WAIT_POLICY");
     printf("# bench %s\n\n%s, %d logical CPUs; kernels %s; OMP_WAIT_POLICY %s\n", dir, cpu, omp_get_num_procs(),
            kernels_isa(), wait ? wait : "unset");
@@ -487,8 +492,7 @@ int main(int argc, char **argv) {
         prefill_s[i] = best;
         /* the peak again: the higher of this and section 1b's is the peak,
          * so that a busy moment on the host during either does not pass
-         * for the machine's limit (one run's 2-thread peak read 214
-         * GFLOP/s in 1b, against 327 to 351 in the runs around it) */
+         * for the machine's limit (docs/kernel-notes.md#bench-repetitions) */
         if (fpeak[i] > 0) {
             const double again = peak(0, threads[i]);
             fpeak[i] = again > fpeak[i] ? again : fpeak[i];

@@ -2,14 +2,18 @@
  * scheme, at several context lengths and thread counts: the attention part
  * of a token alone, without the matmuls around it.
  *
+ * Data flow: outside the engine, in model/'s place: it fills kv/ streams
+ * directly (kv_stream_append) and calls attn_group, which runs
+ * attn -> kv -> kernels as a forward pass does.
+ *
  * Shape: Qwen3-0.6B's attention (16 query heads, 8 kv heads, head_dim 128).
  * Each kv head's K and V streams hold `ctx` random positions; one step is,
  * layer after layer, attn_group for every kv head (2 query heads each),
  * parallel over kv heads as model/ does it. Reports the time per step and
  * the KV bytes read per second (every stored byte of K and V is read once
  * per step). With one layer (the default) the caches are small enough to
- * sit in a large L3 (this project's host has 260 MB, shared with other
- * tenants, and such runs moved 2x between runs); with --layers 28, 0.6B's
+ * sit in a large L3 (whose speed a shared host's other tenants move a
+ * lot: docs/kernel-notes.md#attention-from-l3); with --layers 28, 0.6B's
  * depth, they come from DRAM as they do in the model (3.8 GB for f16 at
  * 32K).
  *

@@ -2,6 +2,12 @@
  * in Hugging Face layout, deterministically from a seed. The benchmarks run
  * on it: speed depends on the shapes and dtypes, not on the values.
  *
+ * Data flow: outside the engine and linked to none of it: it writes the
+ * files that model/source.c, format/safetensors.c and tokenizer/ read, in
+ * the safetensors format (https://github.com/huggingface/safetensors):
+ *
+ *   | u64 LE header length N | N bytes of JSON header | bf16 tensor data |
+ *
  *   build/make_model --shape 0.6b|1.7b|4b|8b|14b|32b|tiny [--mtp] [--seed N]
  *                    [--layers N] [--max-shard-mb N] [--tokenizer DIR] --out DIR
  *

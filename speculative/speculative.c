@@ -1,9 +1,9 @@
-/* spec.c: MTP drafting, batched verification and rollback (see spec.h).
+/* speculative.c: MTP drafting, batched verification and rollback (see speculative.h).
  * Verification follows Leviathan et al. 2023 (arXiv 2211.17192) and Chen et
  * al. 2023 (arXiv 2302.01318); greedy is its temperature-0 limit, where the
  * output equals plain greedy decoding token for token because a batched
  * forward gives each position exactly the logits a single step would. */
-#include "spec/spec.h"
+#include "speculative/speculative.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +155,12 @@ int spec_rewind(Spec *s, int p) {
     if (p > P || p - M < 1 || kv_cache_truncate(s->kv, p)) return -1;
     s->n_pend = p - M;
     return 0;
+}
+
+void spec_reset(Spec *s) {
+    kv_cache_truncate(s->kv, 0);
+    kv_cache_truncate(s->mkv, 0);
+    s->n_pend = 0;
 }
 
 long spec_accepted(const Spec *s) {

@@ -1,4 +1,4 @@
-/* spec.h: speculative decoding with the model's MTP head.
+/* speculative.h: speculative decoding with the model's MTP head.
  *
  * Data flow: run.c prefills the main model (keeping its hidden states) and
  * hands them to spec_prefill, which fills the MTP cache for every prompt
@@ -14,8 +14,8 @@
  * sampled token (not yet in the cache); the MTP cache holds rows [0, M)
  * with M <= P and the main hidden states of positions [M, P) wait in pend.
  */
-#ifndef SPEC_H
-#define SPEC_H
+#ifndef SPECULATIVE_H
+#define SPECULATIVE_H
 
 #include <stdio.h>
 
@@ -58,6 +58,9 @@ int spec_rewind(Spec *s, int p);
  * distributions [V], d ~ q the draft. Returns d when accepted, else a
  * sample of normalize(max(0, p - q)); *accepted says which. */
 int spec_verify_token(Sampler *smp, const float *p, const float *q, int d, int V, int *accepted);
+/* Empties both caches (a chat that feeds its turns again); the counters
+ * stay. */
+void spec_reset(Spec *s);
 /* Drafts accepted so far, all depths. */
 long spec_accepted(const Spec *s);
 void spec_print_stats(const Spec *s, FILE *f);
