@@ -111,9 +111,10 @@ static const char *const modes[] = {"generate", "chat", "tokenize", "detokenize"
 static void usage(FILE *f) {
     fprintf(f,
             "usage: ./run [MODEL] [options]\n"
-            "  MODEL            a Hugging Face Qwen3 folder (config.json, *.safetensors, tokenizer.json), a\n"
-            "                   .safetensors file in one, or a single-file model (-m pack); anywhere among\n"
-            "                   the options, or as --model MODEL; default: " DEFAULT_MODEL " beside ./run\n"
+            "  MODEL            a Hugging Face Qwen3 or Qwen3.5 folder (config.json, *.safetensors,\n"
+            "                   tokenizer.json), a .safetensors file in one, or a single-file model (-m\n"
+            "                   pack); anywhere among the options, or as --model MODEL; default:\n"
+            "                   " DEFAULT_MODEL " beside ./run\n"
             "  -m MODE          generate (default) | chat | tokenize | detokenize | logits | ppl | compare |\n"
             "                   kvstats | pack\n"
             "  -i TEXT          prompt; chat: the first message; detokenize: token ids     (--prompt)\n"
@@ -411,15 +412,19 @@ static void print_stats(const Run *r, const KVCache *kv) {
     const Stats *s = &r->st;
     double ptps = s->prefill_s > 0 ? s->prefill_tokens / s->prefill_s : 0;
     double dtps = s->decode_s > 0 ? s->decode_tokens / s->decode_s : 0;
-    size_t kvb = kv && kv->k ? kv_cache_bytes(kv) : 0;
-    char hb[32], name[128];
+    size_t kvb = kv && kv->k ? kv_cache_bytes(kv) : 0, stb = kv ? kv_cache_state_bytes(kv) : 0;
+    char hb[32], hs[32], name[128];
     human_bytes((double)kvb, hb, sizeof hb);
+    human_bytes((double)stb, hs, sizeof hs);
     kv_spec_name(&r->spec, name, sizeof name);
     fprintf(stderr, "prompt %ld tok at %.1f tok/s", s->prefill_tokens, ptps);
     if (s->decode_tokens) fprintf(stderr, ", generated %ld tok at %.1f tok/s", s->decode_tokens, dtps);
     if (kvb) fprintf(stderr, ", KV %s (%s)", hb, name);
+    /* a hybrid model's recurrent state: f32, the same size at any context */
+    if (stb) fprintf(stderr, " + state %s (f32)", hs);
     fprintf(stderr, "\nstats: prefill_tokens=%ld prefill_tps=%.2f decode_tokens=%ld decode_tps=%.2f kv_bytes=%zu",
             s->prefill_tokens, ptps, s->decode_tokens, dtps, kvb);
+    if (stb) fprintf(stderr, " state_bytes=%zu", stb);
     if (s->has_spec) fprintf(stderr, " spec_accept=%.4f", s->spec_accept);
     fprintf(stderr, "\n");
 }
@@ -813,7 +818,10 @@ static int spec_open(Run *r, Gen *g, KVCache *mkv, Spec *sp) {
     char err[1024];
     Model *m = &r->m;
     int n_draft = r->a.spec < 0 ? (m->has_mtp ? 3 : 0) : r->a.spec;
-    if (n_draft > 0 && !m->has_mtp) {
+    if (m->mtp_absent)
+        fprintf(stderr, "warning: %s: config.json announces an MTP head, but the checkpoint has no mtp.* tensors: no "
+                        "speculative decoding\n", r->src.path);
+    if (n_draft > 0 && !m->has_mtp && !m->mtp_absent) {
         fprintf(stderr, "warning: -spec %d: %s has no MTP head; decoding without speculation\n", n_draft,
                 r->src.path);
         return 0;

@@ -107,7 +107,7 @@ int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs
         r->decode_tps = dt > 0 ? n_gen / dt : 0;
     }
     /* f16's footprint, for the ratio column, from the model's shape */
-    double f16 = 2.0 * m->cfg.n_layers * m->cfg.n_kv_heads * d * 2;
+    double f16 = 2.0 * kv[0].n_layers * m->cfg.n_kv_heads * d * 2;
     for (int i = 0; i < n; i++) {
         rows[i].ratio_f16 = f16 / rows[i].bytes_per_token;
         rows[i].dppl_pct = 100 * (rows[i].ppl / rows[0].ppl - 1);
@@ -149,7 +149,8 @@ static void vec_stats(const float *x, const float *y, int d, double *err, double
 
 int kvstats_run(Model *m, const KVSpec *spec, const int *ids, int n_ids, FILE *f, char *err, size_t errlen) {
     const Config *c = &m->cfg;
-    const int nl = c->n_layers, nkv = c->n_kv_heads, d = c->head_dim, grp = c->n_heads / nkv;
+    /* the cache's layers: every layer, or a hybrid model's full-attention ones */
+    const int nl = c->n_layers - c->n_gdn, nkv = c->n_kv_heads, d = c->head_dim, grp = c->n_heads / nkv;
     const int qd = c->n_heads * d, B = m->s.cap;
     KVSpec f32spec;
     KVCache ref = {0}, mine = {0}, sch = {0};
@@ -197,10 +198,11 @@ int kvstats_run(Model *m, const KVSpec *spec, const int *ids, int n_ids, FILE *f
     kv_spec_name(spec, name, sizeof name);
     fprintf(f, "kvstats %s over %d tokens (errors relative: sqrt(sum |x - x^|^2 / sum |x|^2))\n", name, n_ids);
     fprintf(f, "| layer | K cos | K rel err | V cos | V rel err | attn out rel err |\n|---:|---:|---:|---:|---:|---:|\n");
-    for (int l = 0; l < nl; l++) {
+    for (int l = 0, layer = 0; l < nl; l++, layer++) {
         LayerStats *s = &ls[l];
-        fprintf(f, "| %d | %.5f | %.4f | %.5f | %.4f | %.4f |\n", l, s->k_cos / s->nvec, sqrt(s->k_err / s->k_norm),
-                s->v_cos / s->nvec, sqrt(s->v_err / s->v_norm), sqrt(s->o_err / s->o_norm));
+        while (m->kv_slot[layer] != l) layer++; /* the model's number for cache layer l */
+        fprintf(f, "| %d | %.5f | %.4f | %.5f | %.4f | %.4f |\n", layer, s->k_cos / s->nvec,
+                sqrt(s->k_err / s->k_norm), s->v_cos / s->nvec, sqrt(s->v_err / s->v_norm), sqrt(s->o_err / s->o_norm));
     }
     rc = 0;
 done:

@@ -266,6 +266,7 @@ void kv_cache_free(KVCache *c) {
     }
     free(c->k);
     free(c->v);
+    free(c->state);
     memset(c, 0, sizeof *c);
 }
 
@@ -279,8 +280,11 @@ int kv_cache_truncate(KVCache *c, int n) {
         kv_stream_truncate(&c->k[i], n);
         kv_stream_truncate(&c->v[i], n);
     }
+    if (n == 0 && c->state) memset(c->state, 0, c->state_floats * sizeof(float));
     return 0;
 }
+
+size_t kv_cache_state_bytes(const KVCache *c) { return c->state_floats * sizeof(float); }
 
 size_t kv_cache_bytes(const KVCache *c) {
     size_t ns = (size_t)c->n_layers * (size_t)c->n_kv, b = 0;

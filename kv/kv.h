@@ -119,6 +119,13 @@ typedef struct {
     int n_layers, n_kv, d, cap;
     KVStream *k; /* [n_layers * n_kv] */
     KVStream *v; /* [n_layers * n_kv] */
+    /* Recurrent layers' per-sequence state (Gated DeltaNet), f32 whatever
+     * the scheme: the model sizes, lays out and updates it, the cache owns
+     * it. It is zero at position 0, so truncating to 0 zeroes it; a
+     * recurrence cannot be taken back, so whoever truncates elsewhere
+     * (speculative decoding) restores it. NULL for attention-only models. */
+    float *state;
+    size_t state_floats;
 } KVCache;
 
 /* The registry, in the order tables list them. */
@@ -166,6 +173,8 @@ void kv_cache_free(KVCache *c);
 /* Positions stored (all streams agree). */
 int kv_cache_len(const KVCache *c);
 int kv_cache_truncate(KVCache *c, int n);
+/* Bytes of the recurrent state (which does not grow with the context). */
+size_t kv_cache_state_bytes(const KVCache *c);
 size_t kv_cache_bytes(const KVCache *c);
 static inline KVStream *kv_k(KVCache *c, int layer, int h) { return &c->k[layer * c->n_kv + h]; }
 static inline KVStream *kv_v(KVCache *c, int layer, int h) { return &c->v[layer * c->n_kv + h]; }

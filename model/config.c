@@ -175,6 +175,126 @@ static int read_rope(Config *c, const Json *j, const char *path, char *err, size
     return 0;
 }
 
+/* Which layers are Gated DeltaNet: "layer_types" when present (trusted
+ * over the interval rule: re-architected configs break the pattern), else
+ * every full_attention_interval-th layer is full attention. */
+static int read_layer_types(Config *c, const Json *t, const char *path, const char *w, char *err, size_t errlen) {
+    char b[2 * QUOTE_BUF];
+    const Json *lt = field(t, "layer_types");
+    if (lt && (lt->type != JSON_ARRAY || lt->len != (size_t)c->n_layers)) {
+        snprintf(err, errlen, "%s: field '%slayer_types': expected a list of %d layer types (num_hidden_layers), "
+                 "found %s", path, w, c->n_layers, lt->type == JSON_ARRAY ? "another length" : found(lt, b, sizeof b));
+        return -1;
+    }
+    int every = 4;
+    if (!lt && get_int(t, path, w, "full_attention_interval", 1, 1024, 0, &every, err, errlen)) return -1;
+    c->n_gdn = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        const Json *e = lt ? json_at(lt, (size_t)i) : NULL;
+        if (e && (e->type != JSON_STRING || (strcmp(e->str, "linear_attention") && strcmp(e->str, "full_attention")))) {
+            snprintf(err, errlen, "%s: field '%slayer_types[%d]': expected linear_attention or full_attention, found "
+                     "%s", path, w, i, found(e, b, sizeof b));
+            return -1;
+        }
+        c->gdn[i] = e ? strcmp(e->str, "linear_attention") == 0 : (i + 1) % every != 0;
+        c->n_gdn += c->gdn[i];
+    }
+    if (c->n_gdn == c->n_layers) {
+        snprintf(err, errlen, "%s: field '%slayer_types': expected at least one full_attention layer, found none",
+                 path, w);
+        return -1;
+    }
+    return 0;
+}
+
+/* The Gated DeltaNet and gated-attention keys of a Qwen3.5 text config t. */
+static int read_qwen35(Config *c, const Json *t, const char *path, const char *w, char *err, size_t errlen) {
+    char b[2 * QUOTE_BUF];
+    static const char *moe[] = {"num_experts", "num_experts_per_tok", "moe_intermediate_size"};
+    for (int i = 0; i < 3; i++)
+        if (field(t, moe[i])) {
+            snprintf(err, errlen, "%s: field '%s%s': mixture-of-experts models are not supported yet (dense Qwen3.5 "
+                     "only)", path, w, moe[i]);
+            return -1;
+        }
+    int dedicated = 0;
+    if (get_bool(t, path, w, "mtp_use_dedicated_embeddings", &dedicated, err, errlen)) return -1;
+    if (dedicated) {
+        snprintf(err, errlen, "%s: field '%smtp_use_dedicated_embeddings': expected false (no checkpoint with its "
+                 "tensors is known), found true", path, w);
+        return -1;
+    }
+    c->zero_centred = 1;
+    c->attn_gate = 1;
+    if (get_bool(t, path, w, "attn_output_gate", &c->attn_gate, err, errlen) ||
+        read_layer_types(c, t, path, w, err, errlen))
+        return -1;
+    if (c->n_gdn &&
+        (get_int(t, path, w, "linear_num_key_heads", 1, 1024, 1, &c->lin_k_heads, err, errlen) ||
+         get_int(t, path, w, "linear_num_value_heads", 1, 1024, 1, &c->lin_v_heads, err, errlen) ||
+         get_int(t, path, w, "linear_key_head_dim", 1, 1024, 1, &c->lin_k_dim, err, errlen) ||
+         get_int(t, path, w, "linear_value_head_dim", 1, 1024, 1, &c->lin_v_dim, err, errlen) ||
+         get_int(t, path, w, "linear_conv_kernel_dim", 1, 64, 1, &c->conv_k, err, errlen)))
+        return -1;
+    if (c->n_gdn && c->lin_v_heads % c->lin_k_heads) {
+        snprintf(err, errlen, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", path,
+                 c->lin_v_heads, c->lin_k_heads);
+        return -1;
+    }
+    const char *ssm = json_get_str(t, "mamba_ssm_dtype");
+    if (ssm && strcmp(ssm, "float32")) {
+        snprintf(err, errlen, "%s: field '%smamba_ssm_dtype': expected float32 (the state is kept in f32), found %s",
+                 path, w, quote_str(ssm, b, sizeof b));
+        return -1;
+    }
+    /* partial RoPE: rope_parameters.partial_rotary_factor, or the text config's */
+    double part = 1;
+    const Json *rp = field(t, "rope_parameters");
+    if (get_num(t, path, w, "partial_rotary_factor", 1e-3, 1, &part, err, errlen) ||
+        get_num(rp, path, "rope_parameters.", "partial_rotary_factor", 1e-3, 1, &part, err, errlen))
+        return -1;
+    c->rot_dim = (int)(c->head_dim * part + 0.5);
+    if (c->rot_dim < 2 || c->rot_dim % 2 || fabs(c->rot_dim - c->head_dim * part) > 1e-6) {
+        snprintf(err, errlen, "%s: partial_rotary_factor %g of head_dim %d: expected an even number of dims", path,
+                 part, c->head_dim);
+        return -1;
+    }
+    return 0;
+}
+
+/* Which model family j describes; *t is the object holding its text
+ * keys (text_config when present) and *w their prefix in messages. */
+static int read_arch(Config *c, const Json *j, const Json **t, const char **w, const char *path, char *err,
+                     size_t errlen) {
+    char b[2 * QUOTE_BUF];
+    const Json *arch = json_at(field(j, "architectures"), 0);
+    const char *mt = json_get_str(j, "model_type"), *an = arch && arch->type == JSON_STRING ? arch->str : NULL;
+    *t = j, *w = "";
+    if ((an && !strcmp(an, "Qwen3ForCausalLM")) || (!an && mt && !strcmp(mt, "qwen3"))) {
+        c->arch = ARCH_QWEN3;
+        return 0;
+    }
+    int q35 = (an && (!strcmp(an, "Qwen3_5ForConditionalGeneration") || !strcmp(an, "Qwen3_5ForCausalLM"))) ||
+              (!an && mt && (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_text")));
+    if (q35) {
+        c->arch = ARCH_QWEN35;
+        const Json *tc = field(j, "text_config");
+        if (tc && tc->type != JSON_OBJECT) {
+            snprintf(err, errlen, "%s: field 'text_config': expected an object, found %s", path, found(tc, b, sizeof b));
+            return -1;
+        }
+        if (tc) *t = tc, *w = "text_config.";
+        return 0;
+    }
+    const char *what = (an && strstr(an, "Moe")) || (mt && strstr(mt, "moe")) ? " (mixture-of-experts models are "
+                       "not supported yet)" : (mt && !strcmp(mt, "qwen3_next")) ? " (Qwen3-Next packs its layers "
+                       "differently: not supported yet)" : "";
+    snprintf(err, errlen, "%s: architecture: expected Qwen3ForCausalLM (model_type qwen3) or "
+             "Qwen3_5ForConditionalGeneration (qwen3_5), found %s%s", path,
+             an ? quote_str(an, b, sizeof b) : mt ? quote_str(mt, b, sizeof b) : "none", what);
+    return -1;
+}
+
 int config_parse(Config *c, const Json *j, const char *path, char *err, size_t errlen) {
     char b[2 * QUOTE_BUF];
     memset(c, 0, sizeof *c);
@@ -182,25 +302,22 @@ int config_parse(Config *c, const Json *j, const char *path, char *err, size_t e
         snprintf(err, errlen, "%s: expected a JSON object, found %s", path, found(j, b, sizeof b));
         return -1;
     }
-    /* Qwen3 dense only: the hybrid Qwen3.5/Next layers are a different model. */
-    const Json *arch = json_at(field(j, "architectures"), 0);
-    const char *mt = json_get_str(j, "model_type");
-    int ok_arch = arch && arch->type == JSON_STRING && strcmp(arch->str, "Qwen3ForCausalLM") == 0;
-    if (!ok_arch && !(arch == NULL && mt && strcmp(mt, "qwen3") == 0)) {
-        snprintf(err, errlen, "%s: architecture: expected Qwen3ForCausalLM (model_type qwen3), found %s", path,
-                 arch ? found(arch, b, sizeof b) : mt ? quote_str(mt, b, sizeof b) : "none");
-        return -1;
-    }
-    if (get_int(j, path, "", "vocab_size", 1, 1 << 24, 1, &c->vocab_size, err, errlen) ||
-        get_int(j, path, "", "hidden_size", 1, 1 << 16, 1, &c->hidden, err, errlen) ||
-        get_int(j, path, "", "num_hidden_layers", 1, 1024, 1, &c->n_layers, err, errlen) ||
-        get_int(j, path, "", "num_attention_heads", 1, 1024, 1, &c->n_heads, err, errlen) ||
-        get_int(j, path, "", "intermediate_size", 1, 1 << 20, 1, &c->ffn, err, errlen))
+    const Json *t;
+    const char *w;
+    if (read_arch(c, j, &t, &w, path, err, errlen)) return -1;
+    const int q35 = c->arch == ARCH_QWEN35;
+    if (get_int(t, path, w, "vocab_size", 1, 1 << 24, 1, &c->vocab_size, err, errlen) ||
+        get_int(t, path, w, "hidden_size", 1, 1 << 16, 1, &c->hidden, err, errlen) ||
+        get_int(t, path, w, "num_hidden_layers", 1, CFG_MAX_LAYERS, 1, &c->n_layers, err, errlen) ||
+        get_int(t, path, w, "num_attention_heads", 1, 1024, 1, &c->n_heads, err, errlen) ||
+        get_int(t, path, w, "intermediate_size", 1, 1 << 20, 1, &c->ffn, err, errlen))
         return -1;
     c->n_kv_heads = c->n_heads;
-    if (get_int(j, path, "", "num_key_value_heads", 1, 1024, 0, &c->n_kv_heads, err, errlen)) return -1;
+    if (get_int(t, path, w, "num_key_value_heads", 1, 1024, 0, &c->n_kv_heads, err, errlen)) return -1;
+    /* Qwen3.5's heads are not hidden / heads wide: never inferred there */
     c->head_dim = c->hidden / c->n_heads;
-    if (get_int(j, path, "", "head_dim", 1, 1024, 0, &c->head_dim, err, errlen)) return -1;
+    if (get_int(t, path, w, "head_dim", 1, 1024, q35, &c->head_dim, err, errlen)) return -1;
+    c->rot_dim = c->head_dim;
     if (c->n_heads % c->n_kv_heads != 0) {
         snprintf(err, errlen, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path,
                  c->n_heads, c->n_kv_heads);
@@ -209,28 +326,33 @@ int config_parse(Config *c, const Json *j, const char *path, char *err, size_t e
     /* RoPE rotates pairs; the KV cache takes heads up to KV_MAX_DIM */
     if (c->head_dim % 2 != 0 || c->head_dim < 2 || c->head_dim > KV_MAX_DIM) {
         snprintf(err, errlen, "%s: head_dim: expected an even number in 2..%d, found %d%s", path, KV_MAX_DIM,
-                 c->head_dim, field(j, "head_dim") ? "" : " (hidden_size / num_attention_heads)");
+                 c->head_dim, field(t, "head_dim") ? "" : " (hidden_size / num_attention_heads)");
         return -1;
     }
     /* transformers' Qwen3Config default */
     c->max_pos = 32768;
-    if (get_int(j, path, "", "max_position_embeddings", 1, 1L << 30, 0, &c->max_pos, err, errlen)) return -1;
+    if (get_int(t, path, w, "max_position_embeddings", 1, 1L << 30, 0, &c->max_pos, err, errlen)) return -1;
     c->eps = 1e-6;
-    if (field(j, "rms_norm_eps") && (!json_get_num(j, "rms_norm_eps", &c->eps) || !(c->eps > 0) || c->eps > 1)) {
-        snprintf(err, errlen, "%s: field 'rms_norm_eps': expected a number in (0, 1], found %s", path,
-                 found(field(j, "rms_norm_eps"), b, sizeof b));
+    if (field(t, "rms_norm_eps") && (!json_get_num(t, "rms_norm_eps", &c->eps) || !(c->eps > 0) || c->eps > 1)) {
+        snprintf(err, errlen, "%s: field '%srms_norm_eps': expected a number in (0, 1], found %s", path, w,
+                 found(field(t, "rms_norm_eps"), b, sizeof b));
         return -1;
     }
-    if (read_rope(c, j, path, err, errlen)) return -1;
+    if (read_rope(c, t, path, err, errlen)) return -1;
     c->tie_embeddings = 0;
     c->mtp_layers = 0;
     c->bos_id = -1;
-    if (get_bool(j, path, "", "tie_word_embeddings", &c->tie_embeddings, err, errlen) ||
-        get_int(j, path, "", "num_nextn_predict_layers", 0, 16, 0, &c->mtp_layers, err, errlen) ||
-        get_int(j, path, "", "mtp_num_hidden_layers", 0, 16, 0, &c->mtp_layers, err, errlen) ||
-        get_int(j, path, "", "bos_token_id", 0, 1 << 30, 0, &c->bos_id, err, errlen))
+    if (get_bool(t, path, w, "tie_word_embeddings", &c->tie_embeddings, err, errlen) ||
+        get_int(t, path, w, "num_nextn_predict_layers", 0, 16, 0, &c->mtp_layers, err, errlen) ||
+        get_int(t, path, w, "mtp_num_hidden_layers", 0, 16, 0, &c->mtp_layers, err, errlen) ||
+        get_int(t, path, w, "bos_token_id", 0, 1 << 30, 0, &c->bos_id, err, errlen))
         return -1;
-    return read_eos(c, j, path, err, errlen);
+    /* Qwen3.5 may say tie_word_embeddings at the top only; text_config wins */
+    if (q35 && t != j && !field(t, "tie_word_embeddings") &&
+        get_bool(j, path, "", "tie_word_embeddings", &c->tie_embeddings, err, errlen))
+        return -1;
+    if (q35 && read_qwen35(c, t, path, w, err, errlen)) return -1;
+    return read_eos(c, t, path, err, errlen) || (t != j && read_eos(c, j, path, err, errlen)) ? -1 : 0;
 }
 
 int config_parse_generation(Config *c, GenDefaults *g, const Json *j, const char *path, char *err, size_t errlen) {

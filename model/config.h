@@ -1,5 +1,8 @@
-/* config.h: the architectural numbers of a Qwen3 checkpoint, read from its
- * config.json, and the generation defaults from generation_config.json.
+/* config.h: the architectural numbers of a Qwen3 or Qwen3.5 checkpoint, read
+ * from its config.json, and the generation defaults from
+ * generation_config.json. Qwen3.5 (shared/specs/qwen35.md) keeps its text
+ * model's keys in "text_config" (or at the top in text-only saves) and mixes
+ * Gated DeltaNet layers with gated full-attention ones.
  *
  * Data flow: model_load reads these first; every tensor shape it then checks
  * and every buffer it sizes comes from here. Nothing is hard-coded: a field
@@ -11,11 +14,23 @@
 #include <stddef.h>
 
 #define CFG_MAX_EOS 8
+#define CFG_MAX_LAYERS 1024
 
 typedef enum { ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN } RopeType;
+typedef enum { ARCH_QWEN3, ARCH_QWEN35 } Arch;
 
 typedef struct {
+    Arch arch;
     int vocab_size, hidden, n_layers, n_heads, n_kv_heads, head_dim, ffn;
+    int zero_centred;         /* RMSNorms are y = x^ (1 + w) (Qwen3.5), else x^ w */
+    int attn_gate;            /* q_proj rows per head: [query hd | gate hd], output times sigmoid(gate) */
+    int rot_dim;              /* leading dims of a head that RoPE rotates (head_dim, or a part of it) */
+    /* Gated DeltaNet (Qwen3.5): gdn[i] = 1 for its layers, 0 for full attention */
+    unsigned char gdn[CFG_MAX_LAYERS];
+    int n_gdn;
+    int lin_k_heads, lin_v_heads; /* Hk, Hv: value head j reads key head j / (Hv / Hk) */
+    int lin_k_dim, lin_v_dim;     /* dk, dv */
+    int conv_k;                   /* causal depthwise conv width K */
     int max_pos;
     double eps;
     double rope_theta;

@@ -82,19 +82,16 @@ static int load_matrix(const Model *m, const char *name, int rows, int cols, Wei
     return 0;
 }
 
-/* Norm weights are tiny: widen them to f32 once. */
-static int load_vector(const Model *m, const char *name, int n, float **out, char *err, size_t errlen) {
-    Weight w;
-    const STensor *t = find_checked(m, name, n, 0, err, errlen);
-    if (!t || dtype_of(m, t, &w.dtype, err, errlen)) return -1;
-    w.data = t->data;
-    w.rows = 1;
-    w.cols = n;
+/* n floats of f32, BF16 or F16 tensor t widened to f32 and checked to be
+ * finite: small tensors read whole at load (a NaN in a norm would turn every
+ * later activation into NaN). */
+static int widen_checked(const Model *m, const STensor *t, const char *name, int n, float **out, char *err,
+                         size_t errlen) {
+    Weight w = {.data = t->data, .rows = 1, .cols = n};
+    if (dtype_of(m, t, &w.dtype, err, errlen)) return -1;
     *out = malloc((size_t)n * sizeof(float));
     if (!*out) { snprintf(err, errlen, "out of memory"); return -1; }
     weight_row(&w, 0, *out);
-    /* read whole here anyway, so checked here: a NaN in a norm turns every
-     * later activation into NaN */
     long bad = find_nonfinite(*out, n);
     if (bad >= 0) {
         snprintf(err, errlen, "%s: tensor '%s': element %ld is %s, expected finite numbers", tensor_file(m, t), name,
@@ -104,19 +101,82 @@ static int load_vector(const Model *m, const char *name, int n, float **out, cha
     return 0;
 }
 
-static int load_layer(const Model *m, Layer *L, const char *prefix, char *err, size_t errlen) {
+/* A vector [n] as f32; plus1 folds a zero-centred norm's 1 + w in once. */
+static int load_vector(const Model *m, const char *name, int n, int plus1, float **out, char *err, size_t errlen) {
+    const STensor *t = find_checked(m, name, n, 0, err, errlen);
+    if (!t || widen_checked(m, t, name, n, out, err, errlen)) return -1;
+    for (int i = 0; plus1 && i < n; i++) (*out)[i] += 1;
+    return 0;
+}
+
+/* The conv taps [conv_dim, K] of a Gated DeltaNet layer: stored [conv_dim,
+ * 1, K] (Hugging Face) or [conv_dim, K, 1] (MLX), the same bytes either way. */
+static int load_conv(const Model *m, const char *name, int ch, int k, float **out, char *err, size_t errlen) {
+    const STensor *t = st_find(&m->ts, name);
+    if (!t) {
+        snprintf(err, errlen, "%s: missing tensor '%s'", m->ts.files[0].path, name);
+        return -1;
+    }
+    if (t->ndim != 3 || t->shape[0] != ch || !((t->shape[1] == 1 && t->shape[2] == k) ||
+                                                (t->shape[1] == k && t->shape[2] == 1))) {
+        snprintf(err, errlen, "%s: tensor '%s': expected shape [%d, 1, %d] from config.json, found %d dims", 
+                 tensor_file(m, t), name, ch, k, t->ndim);
+        return -1;
+    }
+    return widen_checked(m, t, name, ch * k, out, err, errlen);
+}
+
+/* Gated attention (Qwen3.5) or plain (Qwen3): q_proj has twice the rows when gated. */
+static int load_attn(const Model *m, Layer *L, const char *prefix, char *err, size_t errlen) {
     const Config *c = &m->cfg;
-    int H = c->hidden, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    int H = c->hidden, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd, zc = c->zero_centred;
     char name[256];
 #define NAME(s) (snprintf(name, sizeof name, "%s%s", prefix, s), name)
-    if (load_vector(m, NAME("input_layernorm.weight"), H, &L->in_norm, err, errlen) ||
-        load_vector(m, NAME("post_attention_layernorm.weight"), H, &L->post_norm, err, errlen) ||
-        load_vector(m, NAME("self_attn.q_norm.weight"), hd, &L->q_norm, err, errlen) ||
-        load_vector(m, NAME("self_attn.k_norm.weight"), hd, &L->k_norm, err, errlen) ||
-        load_matrix(m, NAME("self_attn.q_proj.weight"), qd, H, &L->wq, err, errlen) ||
-        load_matrix(m, NAME("self_attn.k_proj.weight"), kvd, H, &L->wk, err, errlen) ||
-        load_matrix(m, NAME("self_attn.v_proj.weight"), kvd, H, &L->wv, err, errlen) ||
-        load_matrix(m, NAME("self_attn.o_proj.weight"), H, qd, &L->wo, err, errlen) ||
+    return load_vector(m, NAME("self_attn.q_norm.weight"), hd, zc, &L->q_norm, err, errlen) ||
+                   load_vector(m, NAME("self_attn.k_norm.weight"), hd, zc, &L->k_norm, err, errlen) ||
+                   load_matrix(m, NAME("self_attn.q_proj.weight"), qd * (c->attn_gate ? 2 : 1), H, &L->wq, err,
+                               errlen) ||
+                   load_matrix(m, NAME("self_attn.k_proj.weight"), kvd, H, &L->wk, err, errlen) ||
+                   load_matrix(m, NAME("self_attn.v_proj.weight"), kvd, H, &L->wv, err, errlen) ||
+                   load_matrix(m, NAME("self_attn.o_proj.weight"), H, qd, &L->wo, err, errlen)
+               ? -1
+               : 0;
+}
+
+/* A Gated DeltaNet layer (shared/specs/qwen35.md): its projections, conv
+ * taps, decay and gate parameters, and the gated norm's plain weight. */
+static int load_gdn(const Model *m, Layer *L, const char *prefix, char *err, size_t errlen) {
+    const Config *c = &m->cfg;
+    const int H = c->hidden, hv = c->lin_v_heads, vd = hv * c->lin_v_dim;
+    const int conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + vd;
+    char name[256];
+    float *a_log = NULL;
+    L->gdn = 1;
+    int rc = load_matrix(m, NAME("linear_attn.in_proj_qkv.weight"), conv_dim, H, &L->w_qkv, err, errlen) ||
+             load_matrix(m, NAME("linear_attn.in_proj_z.weight"), vd, H, &L->w_z, err, errlen) ||
+             load_matrix(m, NAME("linear_attn.in_proj_b.weight"), hv, H, &L->w_b, err, errlen) ||
+             load_matrix(m, NAME("linear_attn.in_proj_a.weight"), hv, H, &L->w_a, err, errlen) ||
+             load_matrix(m, NAME("linear_attn.out_proj.weight"), H, vd, &L->w_out, err, errlen) ||
+             load_conv(m, NAME("linear_attn.conv1d.weight"), conv_dim, c->conv_k, &L->conv, err, errlen) ||
+             load_vector(m, NAME("linear_attn.dt_bias"), hv, 0, &L->dt_bias, err, errlen) ||
+             load_vector(m, NAME("linear_attn.A_log"), hv, 0, &a_log, err, errlen) ||
+             load_vector(m, NAME("linear_attn.norm.weight"), c->lin_v_dim, 0, &L->gnorm, err, errlen);
+    /* the decay rate is -exp(A_log): kept that way, as the step uses it */
+    if (!rc) {
+        for (int j = 0; j < hv; j++) a_log[j] = -expf(a_log[j]);
+        L->a_neg = a_log;
+    } else
+        free(a_log);
+    return rc ? -1 : 0;
+}
+
+static int load_layer(const Model *m, Layer *L, const char *prefix, int gdn, char *err, size_t errlen) {
+    const Config *c = &m->cfg;
+    int H = c->hidden, zc = c->zero_centred;
+    char name[256];
+    if (load_vector(m, NAME("input_layernorm.weight"), H, zc, &L->in_norm, err, errlen) ||
+        load_vector(m, NAME("post_attention_layernorm.weight"), H, zc, &L->post_norm, err, errlen) ||
+        (gdn ? load_gdn(m, L, prefix, err, errlen) : load_attn(m, L, prefix, err, errlen)) ||
         load_matrix(m, NAME("mlp.gate_proj.weight"), c->ffn, H, &L->wg, err, errlen) ||
         load_matrix(m, NAME("mlp.up_proj.weight"), c->ffn, H, &L->wu, err, errlen) ||
         load_matrix(m, NAME("mlp.down_proj.weight"), H, c->ffn, &L->wd, err, errlen))
@@ -125,20 +185,35 @@ static int load_layer(const Model *m, Layer *L, const char *prefix, char *err, s
     return 0;
 }
 
+int layer_matrices(Layer *L, Weight **w, const char **names) {
+    static const char *attn[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                 "self_attn.o_proj.weight"};
+    static const char *gdn[] = {"linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight",
+                                "linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight",
+                                "linear_attn.out_proj.weight"};
+    static const char *mlp[] = {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    Weight *wa[] = {&L->wq, &L->wk, &L->wv, &L->wo}, *wl[] = {&L->w_qkv, &L->w_z, &L->w_b, &L->w_a, &L->w_out};
+    Weight *wm[] = {&L->wg, &L->wu, &L->wd};
+    int n = 0;
+    for (int i = 0; i < (L->gdn ? 5 : 4); i++, n++) w[n] = L->gdn ? wl[i] : wa[i], names[n] = L->gdn ? gdn[i] : attn[i];
+    for (int i = 0; i < 3; i++, n++) w[n] = wm[i], names[n] = mlp[i];
+    return n;
+}
+
 static void free_layer(Layer *L) {
-    free(L->in_norm);
-    free(L->post_norm);
-    free(L->q_norm);
-    free(L->k_norm);
-    Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
-    for (int i = 0; i < 7; i++) weight_free(w[i]);
+    Weight *w[LAYER_MAX_MATRICES];
+    const char *names[LAYER_MAX_MATRICES];
+    for (int i = layer_matrices(L, w, names); i-- > 0;) weight_free(w[i]);
+    free(L->in_norm), free(L->post_norm), free(L->q_norm), free(L->k_norm);
+    free(L->conv), free(L->dt_bias), free(L->a_neg), free(L->gnorm);
 }
 
 /* RoPE frequencies theta^(-2i/d), rescaled for linear or YaRN scaling
  * (transformers' _compute_yarn_parameters). */
 static void rope_init(Model *m) {
     const Config *c = &m->cfg;
-    int half = c->head_dim / 2, d = c->head_dim;
+    /* partial RoPE (Qwen3.5) rotates the first rot_dim dims as a head of that size */
+    int half = c->rot_dim / 2, d = c->rot_dim;
     m->rope_mscale = 1;
     for (int i = 0; i < half; i++) m->inv_freq[i] = pow(c->rope_theta, -2.0 * i / d);
     if (c->rope_type == ROPE_LINEAR)
@@ -170,7 +245,8 @@ static int scratch_init(Model *m, char *err, size_t errlen) {
     const Config *c = &m->cfg;
     Scratch *s = &m->s;
     size_t cap = MODEL_BATCH, H = (size_t)c->hidden, qd = (size_t)c->n_heads * c->head_dim;
-    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, I = (size_t)c->ffn, half = (size_t)c->head_dim / 2;
+    size_t kvd = (size_t)c->n_kv_heads * c->head_dim, I = (size_t)c->ffn, half = (size_t)c->rot_dim / 2;
+    size_t vd = (size_t)c->lin_v_heads * c->lin_v_dim, conv_dim = 2 * (size_t)c->lin_k_heads * c->lin_k_dim + vd;
     s->cap = MODEL_BATCH;
     s->threads = omp_get_max_threads();
     s->x = floats64(cap * H);
@@ -186,13 +262,28 @@ static int scratch_init(Model *m, char *err, size_t errlen) {
     const int grp = c->n_heads / c->n_kv_heads;
     s->attn_scratch = floats64((size_t)s->threads * attn_scratch_floats(grp * attn_block_tokens(grp), c->head_dim));
     if (m->has_mtp) s->cat = floats64(cap * 2 * H);
+    int bad = (m->has_mtp && !s->cat);
+    if (c->attn_gate) {
+        s->qg = floats64(cap * 2 * qd);
+        s->gate = floats64(cap * qd);
+        bad |= !s->qg || !s->gate;
+    }
+    if (c->n_gdn) {
+        s->mix = floats64(cap * conv_dim);
+        s->z = floats64(cap * vd);
+        s->gb = floats64(cap * (size_t)c->lin_v_heads);
+        s->ga = floats64(cap * (size_t)c->lin_v_heads);
+        s->y = floats64(cap * vd);
+        bad |= !s->mix || !s->z || !s->gb || !s->ga || !s->y;
+    }
     /* the widest input any projection here takes: hidden, attention out,
-     * ffn, or the MTP head's concatenation */
+     * ffn, the Gated DeltaNet output, or the MTP head's concatenation */
     size_t wide = H > qd ? H : qd;
     wide = I > wide ? I : wide;
+    wide = vd > wide ? vd : wide;
     if (m->has_mtp) wide = 2 * H > wide ? 2 * H : wide;
-    if ((m->has_mtp && !s->cat) || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->rope_cs || !s->rope_sn ||
-        !s->attn_scratch || matmul_reserve((int)cap, (int)wide)) {
+    if (bad || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->rope_cs ||
+        !s->rope_sn || !s->attn_scratch || matmul_reserve((int)cap, (int)wide)) {
         snprintf(err, errlen, "out of memory for activations");
         return -1;
     }
@@ -212,24 +303,32 @@ static void scratch_free(Scratch *s) {
     free(s->rope_sn);
     free(s->attn_scratch);
     free(s->cat);
+    free(s->qg), free(s->gate);
+    free(s->mix), free(s->z), free(s->gb), free(s->ga), free(s->y);
 }
 
-/* The MTP norms are used as stored, y = x^ * w: Qwen3 dense checkpoints (the
- * only family this loader accepts, the shipped model and the fixtures
- * included) store plain weights. Qwen3.5/Next store zero-centred ones,
- * y = x^ * (1 + w); supporting them means adding 1 to the three MTP norm
- * vectors here, and nowhere else. */
+/* The MTP module: its norms follow the model's convention (Qwen3's shipped
+ * model stores plain weights, Qwen3.5 zero-centred ones) and its layer is a
+ * full-attention layer (gated in Qwen3.5). A checkpoint whose config
+ * announces the head but that carries no mtp.* tensor at all (converted
+ * uploads strip them) loads without it: m->mtp_absent says so. */
 static int load_mtp(Model *m, char *err, size_t errlen) {
-    int H = m->cfg.hidden;
+    int H = m->cfg.hidden, zc = m->cfg.zero_centred;
     if (m->cfg.mtp_layers != 1) {
         snprintf(err, errlen, "config.json: expected 0 or 1 MTP layers, found %d", m->cfg.mtp_layers);
         return -1;
     }
+    int any = 0;
+    for (int i = 0; i < m->ts.n_tensors && !any; i++) any = strncmp(m->ts.tensors[i].name, "mtp.", 4) == 0;
+    if (!any) {
+        m->mtp_absent = 1;
+        return 0;
+    }
     if (load_matrix(m, "mtp.fc.weight", H, 2 * H, &m->mtp_fc, err, errlen) ||
-        load_vector(m, "mtp.pre_fc_norm_embedding.weight", H, &m->mtp_norm_emb, err, errlen) ||
-        load_vector(m, "mtp.pre_fc_norm_hidden.weight", H, &m->mtp_norm_hid, err, errlen) ||
-        load_vector(m, "mtp.norm.weight", H, &m->mtp_norm, err, errlen) ||
-        load_layer(m, &m->mtp_layer, "mtp.layers.0.", err, errlen))
+        load_vector(m, "mtp.pre_fc_norm_embedding.weight", H, zc, &m->mtp_norm_emb, err, errlen) ||
+        load_vector(m, "mtp.pre_fc_norm_hidden.weight", H, zc, &m->mtp_norm_hid, err, errlen) ||
+        load_vector(m, "mtp.norm.weight", H, zc, &m->mtp_norm, err, errlen) ||
+        load_layer(m, &m->mtp_layer, "mtp.layers.0.", 0, err, errlen))
         return -1;
     m->has_mtp = 1;
     return 0;
@@ -273,12 +372,12 @@ static int to_panels(Model *m, int act_bf16, char *err, size_t errlen) {
         snprintf(err, errlen, "bf16 activations: the weights' memory could not be made writable to relay them");
         return -1;
     }
-    static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    char what[64];
+    char what[128];
     int why = relay(m, &m->embed, to), rc = 0;
     /* an untied embedding is only looked up, in any layout */
     if (act_bf16 && why && m->cfg.tie_embeddings) {
-        relay_error(&m->embed, why, "model.embed_tokens", err, errlen);
+        snprintf(what, sizeof what, "%sembed_tokens.weight", m->prefix);
+        relay_error(&m->embed, why, what, err, errlen);
         rc = -1;
     }
     if (m->lm_head.data == m->embed.data) m->lm_head = m->embed;
@@ -288,17 +387,19 @@ static int to_panels(Model *m, int act_bf16, char *err, size_t errlen) {
     }
     for (int l = 0; l < m->cfg.n_layers + m->has_mtp && !rc; l++) {
         Layer *L = l < m->cfg.n_layers ? &m->layers[l] : &m->mtp_layer;
-        Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
-        for (int i = 0; i < 7 && !rc; i++)
+        Weight *w[LAYER_MAX_MATRICES];
+        const char *names[LAYER_MAX_MATRICES];
+        const int nw = layer_matrices(L, w, names);
+        for (int i = 0; i < nw && !rc; i++)
             if ((why = relay(m, w[i], to)) && act_bf16) {
-                if (l < m->cfg.n_layers) snprintf(what, sizeof what, "model.layers.%d.%s", l, names[i]);
+                if (l < m->cfg.n_layers) snprintf(what, sizeof what, "%slayers.%d.%s", m->prefix, l, names[i]);
                 else snprintf(what, sizeof what, "mtp.layers.0.%s", names[i]);
                 relay_error(w[i], why, what, err, errlen);
                 rc = -1;
             }
     }
     if (m->has_mtp && !rc && (why = relay(m, &m->mtp_fc, to)) && act_bf16) {
-        relay_error(&m->mtp_fc, why, "mtp.fc", err, errlen);
+        relay_error(&m->mtp_fc, why, "mtp.fc.weight", err, errlen);
         rc = -1;
     }
     st_copies_writable(&m->ts, 0);
@@ -331,19 +432,34 @@ int model_load_source(Model *m, const ModelSource *src, int flags, char *err, si
     if (!(flags & MODEL_MAPPED)) st_to_memory(&m->ts);
     int H = c->hidden, V = c->vocab_size;
     m->layers = calloc((size_t)c->n_layers, sizeof(Layer));
-    m->inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(double));
-    if (!m->layers || !m->inv_freq) { snprintf(err, errlen, "out of memory"); goto fail; }
-    if (load_matrix(m, "model.embed_tokens.weight", V, H, &m->embed, err, errlen) ||
-        load_vector(m, "model.norm.weight", H, &m->final_norm, err, errlen))
-        goto fail;
+    m->inv_freq = malloc((size_t)(c->rot_dim / 2) * sizeof(double));
+    m->kv_slot = malloc((size_t)c->n_layers * sizeof(int));
+    if (!m->layers || !m->inv_freq || !m->kv_slot) { snprintf(err, errlen, "out of memory"); goto fail; }
+    /* Qwen3.5's multimodal checkpoints keep the text decoder under
+     * model.language_model. (their vision tower, model.visual., is not read) */
+    const char *lm = "model.language_model.";
+    snprintf(m->prefix, sizeof m->prefix, "%s", c->arch == ARCH_QWEN35 && st_find(&m->ts, "model.language_model."
+                                                  "embed_tokens.weight") ? lm : "model.");
+    char name[128];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", m->prefix);
+    if (load_matrix(m, name, V, H, &m->embed, err, errlen)) goto fail;
+    snprintf(name, sizeof name, "%snorm.weight", m->prefix);
+    if (load_vector(m, name, H, c->zero_centred, &m->final_norm, err, errlen)) goto fail;
     /* A tied checkpoint may still ship lm_head.weight: the embedding wins. */
     if (c->tie_embeddings) m->lm_head = m->embed;
     else if (load_matrix(m, "lm_head.weight", V, H, &m->lm_head, err, errlen)) goto fail;
-    for (int l = 0; l < c->n_layers; l++) {
-        char prefix[64];
-        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
-        if (load_layer(m, &m->layers[l], prefix, err, errlen)) goto fail;
+    /* full layers take the KV cache's layers in order; Gated DeltaNet
+     * layers each take S [Hv, dk, dv] then the conv's last inputs
+     * [K-1, conv_dim] of the sequence's state */
+    const size_t conv_dim = 2 * (size_t)c->lin_k_heads * c->lin_k_dim + (size_t)c->lin_v_heads * c->lin_v_dim;
+    for (int l = 0, full = 0; l < c->n_layers; l++) {
+        m->kv_slot[l] = c->gdn[l] ? -1 : full++;
+        char prefix[96];
+        snprintf(prefix, sizeof prefix, "%slayers.%d.", m->prefix, l);
+        if (load_layer(m, &m->layers[l], prefix, c->gdn[l], err, errlen)) goto fail;
     }
+    m->state_floats = (size_t)c->n_gdn * ((size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim +
+                                          (size_t)(c->conv_k - 1) * conv_dim);
     if (c->mtp_layers > 0 && load_mtp(m, err, errlen)) goto fail;
     /* MODEL_ACT_BF16 was refused above where panels have no kernel */
     if (matmul_has_panels() && to_panels(m, flags & MODEL_ACT_BF16, err, errlen)) goto fail;
@@ -378,12 +494,11 @@ static int quantize(Weight *w, int draft, const char *name, char *err, size_t er
 }
 
 static int quantize_layer(Layer *L, int draft, const char *prefix, char *err, size_t errlen) {
-    static const char *names[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                                  "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
-                                  "mlp.down_proj.weight"};
-    Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
-    for (int i = 0; i < 7; i++) {
-        char name[96];
+    Weight *w[LAYER_MAX_MATRICES];
+    const char *names[LAYER_MAX_MATRICES];
+    const int nw = layer_matrices(L, w, names);
+    for (int i = 0; i < nw; i++) {
+        char name[160];
         snprintf(name, sizeof name, "%s%s", prefix, names[i]);
         if (quantize(w[i], draft, name, err, errlen)) return -1;
     }
@@ -397,8 +512,9 @@ int model_quantize(Model *m, int part, char *err, size_t errlen) {
     }
     if (part == MODEL_DRAFT) {
         if (!m->has_mtp) return 0;
-        const char *head = m->cfg.tie_embeddings ? "model.embed_tokens.weight (the drafts' lm_head)"
-                                                 : "lm_head.weight (the drafts')";
+        char head[128];
+        if (m->cfg.tie_embeddings) snprintf(head, sizeof head, "%sembed_tokens.weight (the drafts' lm_head)", m->prefix);
+        else snprintf(head, sizeof head, "lm_head.weight (the drafts')");
         return quantize(&m->mtp_fc, 1, "mtp.fc.weight", err, errlen) ||
                        quantize_layer(&m->mtp_layer, 1, "mtp.layers.0.", err, errlen) ||
                        quantize(&m->mtp_head, 1, head, err, errlen)
@@ -406,15 +522,16 @@ int model_quantize(Model *m, int part, char *err, size_t errlen) {
                    : 0;
     }
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        char prefix[32];
-        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        char prefix[96];
+        snprintf(prefix, sizeof prefix, "%slayers.%d.", m->prefix, l);
         if (quantize_layer(&m->layers[l], 0, prefix, err, errlen)) return -1;
     }
     /* drafts that shared lm_head share its copy */
     const int shared = m->mtp_head.data == m->lm_head.data;
-    if (quantize(&m->lm_head, 0, m->cfg.tie_embeddings ? "model.embed_tokens.weight (as lm_head)" : "lm_head.weight",
-                 err, errlen))
-        return -1;
+    char head[128];
+    if (m->cfg.tie_embeddings) snprintf(head, sizeof head, "%sembed_tokens.weight (as lm_head)", m->prefix);
+    else snprintf(head, sizeof head, "lm_head.weight");
+    if (quantize(&m->lm_head, 0, head, err, errlen)) return -1;
     if (shared) m->mtp_head = m->lm_head;
     return 0;
 }
@@ -426,6 +543,7 @@ void model_free(Model *m) {
     if (m->layers)
         for (int l = 0; l < m->cfg.n_layers; l++) free_layer(&m->layers[l]);
     free(m->layers);
+    free(m->kv_slot);
     free(m->final_norm);
     free(m->inv_freq);
     free(m->mtp_norm_emb);
@@ -439,7 +557,17 @@ void model_free(Model *m) {
 
 int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen) {
     const Config *c = &m->cfg;
-    return kv_cache_init(kv, spec, mtp ? 1 : c->n_layers, c->n_kv_heads, c->head_dim, ctx, err, errlen);
+    if (kv_cache_init(kv, spec, mtp ? 1 : c->n_layers - c->n_gdn, c->n_kv_heads, c->head_dim, ctx, err, errlen))
+        return -1;
+    if (mtp || !m->state_floats) return 0;
+    kv->state = calloc(m->state_floats, sizeof(float));
+    if (!kv->state) {
+        snprintf(err, errlen, "out of memory for the Gated DeltaNet state (%zu bytes)", m->state_floats * 4);
+        kv_cache_free(kv);
+        return -1;
+    }
+    kv->state_floats = m->state_floats;
+    return 0;
 }
 
 /* ---- forward ---- */
@@ -447,7 +575,7 @@ int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int 
 /* cos/sin tables for positions pos..pos+n-1; angles in double so that long
  * contexts do not lose the phase. */
 static void rope_tables(Model *m, int pos, int n) {
-    int half = m->cfg.head_dim / 2;
+    int half = m->cfg.rot_dim / 2;
     for (int i = 0; i < n; i++)
         for (int j = 0; j < half; j++) {
             double a = (double)(pos + i) * m->inv_freq[j];
@@ -461,32 +589,39 @@ static void rope_tables(Model *m, int pos, int n) {
  * (docs/kernel-notes.md#row-loop-threads). */
 #define PAR_MIN 32768
 
-/* One decoder layer on x [n, H] in place; its K/V go to layer cl of kv. */
-static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
+/* Attention on the normed xb [n, H]; its output [n, H] replaces xb. K and V
+ * go to layer cl of kv. Gated (Qwen3.5): q_proj gives each head [query |
+ * gate], and the head's output is multiplied by sigmoid(gate) before
+ * o_proj. RoPE turns the first rot_dim dims of each head (all of them in
+ * Qwen3, a quarter in Qwen3.5). */
+static void attn_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
     const Config *c = &m->cfg;
     Scratch *s = &m->s;
-    const int H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, grp = nh / nkv;
-    const int qd = nh * hd, kvd = nkv * hd, half = hd / 2;
+    const int hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, grp = nh / nkv;
+    const int qd = nh * hd, kvd = nkv * hd, half = c->rot_dim / 2;
     const float eps = (float)c->eps, scale = 1.0f / sqrtf((float)hd);
-
-#pragma omp parallel for schedule(static) if (n * H >= PAR_MIN)
-    for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, L->in_norm, H, eps);
-    float *qkv[] = {s->q, s->k, s->v};
+    float *qkv[] = {c->attn_gate ? s->qg : s->q, s->k, s->v};
     const Weight *wqkv[] = {&L->wq, &L->wk, &L->wv};
     matmul_multi(qkv, wqkv, 3, s->xb, n);
-    /* per-head q/k RMSNorm, then RoPE at each token's position */
+    /* per-head q/k RMSNorm, then RoPE at each token's position; a gated
+     * q_proj's rows [n, nH, 2, hd] split into queries and gates first */
 #pragma omp parallel for schedule(static) if (n * (qd + kvd) >= PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *cs = s->rope_cs + (size_t)i * half, *sn = s->rope_sn + (size_t)i * half;
         for (int h = 0; h < nh; h++) {
             float *q = s->q + (size_t)i * qd + (size_t)h * hd;
+            if (c->attn_gate) {
+                const float *src = s->qg + (size_t)i * 2 * qd + (size_t)h * 2 * hd;
+                memcpy(q, src, (size_t)hd * sizeof(float));
+                memcpy(s->gate + (size_t)i * qd + (size_t)h * hd, src + hd, (size_t)hd * sizeof(float));
+            }
             rmsnorm(q, q, L->q_norm, hd, eps);
-            rope(q, cs, sn, hd);
+            rope(q, cs, sn, c->rot_dim);
         }
         for (int h = 0; h < nkv; h++) {
             float *k = s->k + (size_t)i * kvd + (size_t)h * hd;
             rmsnorm(k, k, L->k_norm, hd, eps);
-            rope(k, cs, sn, hd);
+            rope(k, cs, sn, c->rot_dim);
         }
     }
     if (m->trace_q && L != &m->mtp_layer)
@@ -513,7 +648,106 @@ static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) 
             attn_block(ks, vs, s->q + qo, grp, b, qd, scale, s->att + qo, scr);
         }
     }
+    if (c->attn_gate) {
+#pragma omp parallel for schedule(static) if (n * qd >= PAR_MIN)
+        for (size_t j = 0; j < (size_t)n * qd; j++) s->att[j] *= 1.0f / (1.0f + expf(-s->gate[j]));
+    }
     matmul(s->xb, s->att, &L->wo, n);
+}
+
+/* softplus as torch computes it: x itself past 20, where log1p(e^x) = x in f32. */
+static float softplus(float x) { return x > 20 ? x : log1pf(expf(x)); }
+
+/* Gated DeltaNet (shared/specs/qwen35.md) on the normed xb [n, H]; its
+ * output [n, H] replaces xb. state: the layer's S [Hv, dk, dv] then the
+ * conv's last K-1 inputs [K-1, conv_dim], carried from the previous call.
+ * Tokens go through the conv and the recurrence one at a time in order, so
+ * prefill, decode and verification give the same bits (the chunked form of
+ * the rule would not): the projections are batched, the recurrence runs in
+ * parallel over value heads, each head's state its own. Per token t and
+ * value head j, reading key head h = j / (Hv / Hk):
+ *   c = silu(conv(m)),  q, k, v = split(c),  q, k L2-normed (q * dk^-1/2)
+ *   beta = sigmoid(b_j),  alpha = exp(-exp(A_log_j) softplus(a_j + dt_bias_j))
+ *   S <- alpha S;  u = S^T k;  S <- S + k (beta (v - u))^T;  o = S^T q
+ *   y_j = gnorm * o / rms(o) * silu(z_j)
+ * following Hugging Face's torch_recurrent_gated_delta_rule. */
+static void gdn_forward(Model *m, const Layer *L, float *state, int n) {
+    const Config *c = &m->cfg;
+    Scratch *s = &m->s;
+    const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->conv_k;
+    const int r = hv / hk, vd = hv * dv, conv_dim = 2 * hk * dk + vd;
+    const float eps = (float)c->eps, qscale = 1.0f / sqrtf((float)dk);
+    float *S0 = state, *win0 = state + (size_t)hv * dk * dv;
+    float *out[] = {s->mix, s->z, s->gb, s->ga};
+    const Weight *w[] = {&L->w_qkv, &L->w_z, &L->w_b, &L->w_a};
+    matmul_multi(out, w, 4, s->xb, n);
+    /* the causal depthwise conv, channel by channel along the tokens: each
+     * channel's window is its last K-1 inputs (win, oldest first), tap K-1
+     * multiplies the current one; mix [n, conv_dim] becomes silu(conv) */
+#pragma omp parallel for schedule(static) if (n * conv_dim >= PAR_MIN)
+    for (int ch = 0; ch < conv_dim; ch++) {
+        const float *tap = L->conv + (size_t)ch * K;
+        for (int t = 0; t < n; t++) {
+            float *x = s->mix + (size_t)t * conv_dim + ch, cur = *x, acc = 0;
+            for (int j = 0; j < K - 1; j++) acc += tap[j] * win0[(size_t)j * conv_dim + ch];
+            acc += tap[K - 1] * cur;
+            for (int j = 0; j + 1 < K - 1; j++) win0[(size_t)j * conv_dim + ch] = win0[(size_t)(j + 1) * conv_dim + ch];
+            if (K > 1) win0[(size_t)(K - 2) * conv_dim + ch] = cur;
+            *x = acc / (1.0f + expf(-acc));
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int j = 0; j < hv; j++) {
+        const int h = j / r;
+        float *S = S0 + (size_t)j * dk * dv;
+        float qn[KV_MAX_DIM * 2], kn[KV_MAX_DIM * 2], u[KV_MAX_DIM * 2];
+        for (int t = 0; t < n; t++) {
+            const float *cv = s->mix + (size_t)t * conv_dim;
+            const float *q = cv + (size_t)h * dk, *k = cv + (size_t)hk * dk + (size_t)h * dk;
+            const float *v = cv + 2 * (size_t)hk * dk + (size_t)j * dv;
+            /* L2 norm: a sum with 1e-6 inside, as Hugging Face's l2norm */
+            float sq = 0, sk = 0;
+            for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
+            const float fq = qscale / sqrtf(sq + 1e-6f), fk = 1.0f / sqrtf(sk + 1e-6f);
+            for (int i = 0; i < dk; i++) qn[i] = q[i] * fq, kn[i] = k[i] * fk;
+            const float beta = 1.0f / (1.0f + expf(-s->gb[(size_t)t * hv + j]));
+            const float alpha = expf(L->a_neg[j] * softplus(s->ga[(size_t)t * hv + j] + L->dt_bias[j]));
+            /* S <- alpha S and u = S^T k in one pass over S [dk, dv] */
+            for (int e = 0; e < dv; e++) u[e] = 0;
+            for (int i = 0; i < dk; i++) {
+                float *row = S + (size_t)i * dv;
+                for (int e = 0; e < dv; e++) row[e] *= alpha, u[e] += row[e] * kn[i];
+            }
+            /* delta = beta (v - u); S += k delta^T and o = S^T q in one pass */
+            float *o = s->y + (size_t)t * vd + (size_t)j * dv;
+            for (int e = 0; e < dv; e++) u[e] = beta * (v[e] - u[e]), o[e] = 0;
+            for (int i = 0; i < dk; i++) {
+                float *row = S + (size_t)i * dv;
+                for (int e = 0; e < dv; e++) row[e] += kn[i] * u[e], o[e] += row[e] * qn[i];
+            }
+            /* gated RMSNorm over the head: plain weight, times silu(z) */
+            float ss = 0;
+            for (int e = 0; e < dv; e++) ss += o[e] * o[e];
+            const float inv = 1.0f / sqrtf(ss / dv + eps);
+            const float *z = s->z + (size_t)t * vd + (size_t)j * dv;
+            for (int e = 0; e < dv; e++) o[e] = L->gnorm[e] * (o[e] * inv) * (z[e] / (1.0f + expf(-z[e])));
+        }
+    }
+    matmul(s->xb, s->y, &L->w_out, n);
+}
+
+/* One decoder layer on x [n, H] in place: pre-norm, the mixer (attention
+ * over layer cl of kv, or Gated DeltaNet over its state), residual,
+ * pre-norm, SwiGLU MLP, residual. */
+static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, float *state, int n) {
+    const Config *c = &m->cfg;
+    Scratch *s = &m->s;
+    const int H = c->hidden;
+    const float eps = (float)c->eps;
+#pragma omp parallel for schedule(static) if (n * H >= PAR_MIN)
+    for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, L->in_norm, H, eps);
+    if (L->gdn) gdn_forward(m, L, state, n);
+    else attn_forward(m, L, kv, cl, n);
     /* residual, then the MLP's pre-norm, row by row */
 #pragma omp parallel for schedule(static) if (n * H >= PAR_MIN)
     for (int i = 0; i < n; i++) {
@@ -575,7 +809,12 @@ static int forward_chunk(Model *m, KVCache *kv, const int *tokens, int n, int po
     const int H = c->hidden;
     for (int i = 0; i < n; i++) weight_row(&m->embed, tokens[i], s->x + (size_t)i * H);
     rope_tables(m, pos, n);
-    for (int l = 0; l < c->n_layers; l++) layer_forward(m, &m->layers[l], kv, l, n);
+    /* state: each Gated DeltaNet layer's part of the sequence's state, in order */
+    const size_t per = m->cfg.n_gdn ? m->state_floats / (size_t)m->cfg.n_gdn : 0;
+    for (int l = 0, g = 0; l < c->n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        layer_forward(m, L, kv, m->kv_slot[l], L->gdn ? kv->state + per * (size_t)g++ : NULL, n);
+    }
     for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, m->final_norm, H, (float)c->eps);
     if (hidden) memcpy(hidden, s->xb, (size_t)n * H * sizeof(float));
     if (logits && all_logits) matmul(logits, s->xb, &m->lm_head, n);
@@ -643,7 +882,7 @@ int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *to
         }
         matmul(s->x, s->cat, &m->mtp_fc, nb);
         rope_tables(m, pos + off, nb);
-        layer_forward(m, &m->mtp_layer, mkv, 0, nb);
+        layer_forward(m, &m->mtp_layer, mkv, 0, NULL, nb);
         for (int i = 0; i < nb; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, m->mtp_norm, H, eps);
         if (hm) memcpy(hm + (size_t)off * H, s->xb, (size_t)nb * H * sizeof(float));
         if (logits && all_logits) matmul(logits + (size_t)off * V, s->xb, &m->mtp_head, nb);

@@ -26,21 +26,41 @@
 #include "model/config.h"
 #include "model/source.h"
 
+/* One decoder layer: attention (Qwen3, and Qwen3.5's full layers) or
+ * Gated DeltaNet (Qwen3.5's linear layers), then the MLP. Norm vectors are
+ * owned f32 copies, zero-centred ones with their 1 + w folded in. */
 typedef struct {
+    int gdn;                      /* 1: Gated DeltaNet, 0: attention */
     float *in_norm, *post_norm;   /* [H] */
+    /* attention */
     float *q_norm, *k_norm;       /* [head_dim], shared by all heads */
-    Weight wq, wk, wv, wo;        /* [nH*hd, H], [nKV*hd, H] x2, [H, nH*hd] */
+    Weight wq, wk, wv, wo;        /* [nH*hd, H] ([nH*2hd, H] gated: per head [query | gate]),
+                                     [nKV*hd, H] x2, [H, nH*hd] */
+    /* Gated DeltaNet, conv_dim = 2 Hk dk + Hv dv */
+    Weight w_qkv, w_z, w_b, w_a;  /* [conv_dim, H], [Hv*dv, H], [Hv, H] x2: one input, one matmul_multi */
+    Weight w_out;                 /* [H, Hv*dv] */
+    float *conv;                  /* [conv_dim, K] depthwise taps; tap K-1 multiplies the current token */
+    float *dt_bias, *a_neg;       /* [Hv]: dt_bias, and -exp(A_log) */
+    float *gnorm;                 /* [dv] the gated RMSNorm's plain weight */
     Weight wg, wu, wd;            /* [I, H] x2, [H, I] */
 } Layer;
+
+/* A layer's matrices in a fixed order with their checkpoint names (after
+ * the layer's prefix): what relayout and q8 conversion walk. Returns the
+ * count (at most LAYER_MAX_MATRICES). */
+#define LAYER_MAX_MATRICES 8
+int layer_matrices(Layer *L, Weight **w, const char **names);
 
 /* Scratch for one forward call of up to cap tokens. */
 typedef struct {
     int cap;
     float *x, *xb;        /* [cap, H] residual stream, normed copy */
     float *q, *k, *v;     /* [cap, nH*hd], [cap, nKV*hd] x2 */
+    float *qg, *gate;     /* gated attention: [cap, nH*2hd] q_proj's rows, [cap, nH*hd] its gates */
     float *att;           /* [cap, nH*hd] attention output */
+    float *mix, *z, *gb, *ga, *y; /* Gated DeltaNet: [cap, conv_dim], [cap, Hv*dv], [cap, Hv] x2, [cap, Hv*dv] */
     float *hb, *hb2;      /* [cap, I] MLP gate and up */
-    float *rope_cs, *rope_sn; /* [cap, hd/2] cos and sin per position */
+    float *rope_cs, *rope_sn; /* [cap, rot_dim/2] cos and sin per position */
     float *attn_scratch;  /* [threads, attn_scratch_floats(group, hd)] */
     float *cat;           /* [cap, 2H] MTP input, when the model has an MTP head */
     int threads;
@@ -49,14 +69,18 @@ typedef struct {
 typedef struct {
     Config cfg;
     TensorStore ts;
+    char prefix[32];       /* of the decoder's tensors: "model." or Qwen3.5's "model.language_model." */
+    int *kv_slot;          /* [n_layers] a full layer's layer in the KV cache, -1 for Gated DeltaNet */
+    size_t state_floats;   /* f32 per sequence of the Gated DeltaNet layers' state (KVCache.state) */
     Weight embed;          /* [V, H] */
     Weight lm_head;        /* [V, H]: embed when tied */
     float *final_norm;     /* [H] */
     Layer *layers;         /* [n_layers] */
-    double *inv_freq;      /* [hd/2] RoPE frequencies after scaling */
+    double *inv_freq;      /* [rot_dim/2] RoPE frequencies after scaling */
     float rope_mscale;     /* YaRN attention factor applied to cos/sin */
     /* MTP module, when present */
     int has_mtp;
+    int mtp_absent;        /* config.json announces one, the checkpoint has no mtp.* tensors */
     Weight mtp_fc;         /* [H, 2H] */
     float *mtp_norm_emb, *mtp_norm_hid, *mtp_norm; /* [H] each */
     Layer mtp_layer;
@@ -91,7 +115,8 @@ enum { MODEL_MAIN, MODEL_DRAFT };
 int model_quantize(Model *m, int part, char *err, size_t errlen);
 void model_free(Model *m);
 
-/* Opens a KV cache shaped for this model (n_layers; 1 layer for MTP). */
+/* Opens a KV cache shaped for this model: its full-attention layers (1 for
+ * MTP), and for a hybrid model the Gated DeltaNet state beside them. */
 int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen);
 
 /* Runs tokens[0..n) at positions [p, p+n), p = kv_cache_len(kv), appending

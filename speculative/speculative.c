@@ -23,7 +23,8 @@ int spec_init(Spec *s, Model *m, KVCache *kv, KVCache *mkv, Sampler *smp, int n_
     s->q = malloc(SPEC_MAX * V * sizeof(float));
     s->mlg = malloc(V * sizeof(float));
     s->hm = malloc(H * sizeof(float));
-    if (!s->pend || !s->hid || !s->lg || !s->q || !s->mlg || !s->hm) {
+    if (kv->state) s->snap = malloc(kv->state_floats * sizeof(float));
+    if (!s->pend || !s->hid || !s->lg || !s->q || !s->mlg || !s->hm || (kv->state && !s->snap)) {
         spec_free(s);
         snprintf(err, errlen, "speculative decoding: out of memory");
         return -1;
@@ -32,7 +33,7 @@ int spec_init(Spec *s, Model *m, KVCache *kv, KVCache *mkv, Sampler *smp, int n_
 }
 
 void spec_free(Spec *s) {
-    free(s->pend), free(s->hid), free(s->lg), free(s->q), free(s->mlg), free(s->hm);
+    free(s->pend), free(s->hid), free(s->lg), free(s->q), free(s->mlg), free(s->hm), free(s->snap);
     memset(s, 0, sizeof *s);
 }
 
@@ -86,6 +87,23 @@ int spec_verify_token(Sampler *smp, const float *p, const float *q, int d, int V
     return last;
 }
 
+/* Takes the main cache back to position p within the last verify pass.
+ * KV caches truncate. A recurrent state is restored from its snapshot and
+ * the accepted tokens are fed again, which gives the state plain decoding
+ * would have (and the same KV, which batching never changes): simpler than
+ * replaying only the recurrence from inputs kept during the pass, and the
+ * extra forward of at most N + 1 tokens (without logits) is paid only when
+ * a draft is rejected. */
+static int rewind_to(Spec *s, int p, char *err, size_t errlen) {
+    if (!s->snap) return kv_cache_truncate(s->kv, p) ? (snprintf(err, errlen, "rewind to %d failed", p), -1) : 0;
+    if (p < s->snap_pos || p > s->snap_pos + s->n_vtok || kv_cache_truncate(s->kv, s->snap_pos)) {
+        snprintf(err, errlen, "rewind to %d: outside the last verify pass from %d", p, s->snap_pos);
+        return -1;
+    }
+    memcpy(s->kv->state, s->snap, s->kv->state_floats * sizeof(float));
+    return p > s->snap_pos ? model_forward(s->m, s->kv, s->vtok, p - s->snap_pos, NULL, 0, NULL, err, errlen) : 0;
+}
+
 /* Draft token from MTP logits: argmax, or a draw from the filtered
  * distribution, which is kept as q for verification. */
 static int pick_draft(Spec *s, const float *logits, float *q) {
@@ -119,6 +137,12 @@ int spec_step(Spec *s, int x, int *out, char *err, size_t errlen) {
         toks[j + 1] = pick_draft(s, s->mlg, s->q + (size_t)j * V);
     }
     /* verify x, d1..dN in one batch: row j predicts the token after toks[j] */
+    if (s->snap) {
+        memcpy(s->snap, s->kv->state, s->kv->state_floats * sizeof(float));
+        s->snap_pos = P;
+        memcpy(s->vtok, toks, (size_t)(N + 1) * sizeof(int));
+        s->n_vtok = N + 1;
+    }
     if (model_forward(m, s->kv, toks, N + 1, s->lg, 1, s->hid, err, errlen)) return -1;
     int k = 0, y = -1;
     for (; k < N; k++) {
@@ -139,7 +163,7 @@ int spec_step(Spec *s, int x, int *out, char *err, size_t errlen) {
     out[k] = y;
     /* keep x, d1..dk in the main cache; MTP rows from draft states go, and
      * h_P..h_{P+k} wait to be rewritten from the main model's states */
-    kv_cache_truncate(s->kv, P + k + 1);
+    if (k < N && rewind_to(s, P + k + 1, err, errlen)) return -1;
     kv_cache_truncate(s->mkv, P);
     memcpy(s->pend, s->hid, (size_t)(k + 1) * H * sizeof(float));
     memcpy(s->rows_tok, toks + 1, (size_t)k * sizeof(int));
@@ -151,8 +175,9 @@ int spec_step(Spec *s, int x, int *out, char *err, size_t errlen) {
 }
 
 int spec_rewind(Spec *s, int p) {
+    char err[256];
     int P = kv_cache_len(s->kv), M = kv_cache_len(s->mkv);
-    if (p > P || p - M < 1 || kv_cache_truncate(s->kv, p)) return -1;
+    if (p > P || p - M < 1 || (p < P && rewind_to(s, p, err, sizeof err))) return -1;
     s->n_pend = p - M;
     return 0;
 }

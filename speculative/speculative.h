@@ -38,6 +38,11 @@ typedef struct {
     float *mlg;       /* [V] MTP logits */
     float *hm;        /* [H] MTP state of the last draft row */
     int rows_tok[SPEC_MAX + 2]; /* tokens for catch-up rows */
+    /* A recurrent state (Gated DeltaNet layers: kv->state) cannot be
+     * truncated like a KV cache: snap holds it from before the last verify
+     * pass, which began at position snap_pos with tokens vtok[0 .. n_vtok) */
+    float *snap;      /* [kv->state_floats], NULL for attention-only models */
+    int snap_pos, vtok[SPEC_MAX + 1], n_vtok;
     /* counters: accepted[j] = drafts accepted at depth j + 1 */
     long accepted[SPEC_MAX], drafted, steps, emitted;
 } Spec;
