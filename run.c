@@ -952,7 +952,9 @@ static int run_chat(Run *r, Gen *g) {
             refused++, user = NULL;
             continue;
         }
-        char *text = n ? chat_user(user, r->a.think) : NULL;
+        /* Qwen3.5's generation prompt opens the think block itself */
+        char *text = !n ? NULL : r->m.cfg.arch == ARCH_QWEN35 ? chat_user_open_think(user, r->a.think)
+                                                              : chat_user(user, r->a.think);
         user = NULL;
         if (!n) continue;
         int f = !text || encode(g->tok, text, strlen(text), &u) ? -1 : chat_feed(r, g, &c, &u, &feed);

@@ -610,7 +610,10 @@ Test(tok_unicode, flags) {
     cr_assert_eq(uni_flags(0x3000), UNI_WS);
     cr_assert_eq(uni_flags(0x85), UNI_WS);
     cr_assert_eq(uni_flags(0x200B), 0);            /* ZERO WIDTH SPACE is not White_Space */
-    cr_assert_eq(uni_flags(0x0301), UNI_NFC);
+    cr_assert_eq(uni_flags(0x0301), UNI_NFC | UNI_M);  /* Mn, a non-starter */
+    cr_assert_eq(uni_flags(0x094D), UNI_NFC | UNI_M);  /* DEVANAGARI SIGN VIRAMA: Mn */
+    cr_assert_eq(uni_flags(0x093E), UNI_M);            /* DEVANAGARI VOWEL SIGN AA: Mc, a starter */
+    cr_assert_eq(uni_flags(0x20DD), UNI_M);            /* COMBINING ENCLOSING CIRCLE: Me, class 0 */
     cr_assert_eq(uni_flags(UNI_RAW_BYTE + 0xFF), 0);
     cr_assert_eq(uni_ccc(0x0301), 230);
     cr_assert_eq(uni_ccc(0x0323), 220);
@@ -733,6 +736,13 @@ Test(tok_chat, template_text) {
     a = chat_next_turn("more", 1);
     cr_assert_str_eq(a, "<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n");
     free(a);
+    /* Qwen3.5 opens the think block in the prompt; off, the same as Qwen3 */
+    a = chat_user_open_think("Hello", 1);
+    cr_assert_str_eq(a, "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<think>\n");
+    free(a);
+    a = chat_user_open_think("Hello", 0);
+    cr_assert_str_eq(a, "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    free(a);
 }
 
 /* The rendered first turn + the reply "4" + the follow-up's closing <|im_end|>
@@ -760,5 +770,37 @@ Test(tok_chat, matches_golden_chat_case) {
     json_free(root);
     free(first);
     free(next);
+    tok_free(&t);
+}
+
+/* Qwen3.5's split regex keeps combining marks (\p{M}) with the letters
+ * before them, where Qwen2's splits them off as punctuation. x + U+0301
+ * (no precomposed form, so NFC keeps it) is bytes 78 CC 81: with merges
+ * "x Ì" and "xÌ ģ" it is one token when x and the mark share a pre-token,
+ * three byte tokens when they do not. */
+Test(tok_small, qwen35_regex_keeps_marks_with_letters) {
+    static const char q35[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+                              "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    Spec s = {.vocab_extra = ", \"ab\": 256, \"abc\": 257, \"x\xc3\x8c\": 300, \"x\xc3\x8c\xc4\xa3\": 301",
+              .merges = "[\"a b\", [\"ab\", \"c\"], \"x \xc3\x8c\", \"x\xc3\x8c \xc4\xa3\"]"};
+    const char *text = "x\xcc\x81", *text2 = "ax\xcc\x81!";
+    int ids[16];
+    char err[512];
+    Tokenizer t;
+    /* Qwen2/Qwen3: "x" | U+0301 */
+    cr_assert_eq(init_spec(&t, &s, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(t.marks, 0);
+    cr_assert_eq(tok_encode(&t, text, strlen(text), ids, 16), 3);
+    cr_expect(ids[0] == 'x' && ids[1] == 0xCC && ids[2] == 0x81, "%d %d %d", ids[0], ids[1], ids[2]);
+    tok_free(&t);
+    /* Qwen3.5: one pre-token, merged whole; the mark ends the letter run, "!" is its own */
+    s.regex = q35;
+    cr_assert_eq(init_spec(&t, &s, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(t.marks, 1);
+    cr_assert_eq(tok_encode(&t, text, strlen(text), ids, 16), 1);
+    cr_expect_eq(ids[0], 301);
+    cr_assert_eq(tok_encode(&t, text2, strlen(text2), ids, 16), 3);
+    cr_expect(ids[0] == 'a' && ids[1] == 301 && ids[2] == '!', "\"ax\u0301\" then \"!\": ids %d %d %d", ids[0],
+              ids[1], ids[2]);
     tok_free(&t);
 }

@@ -44,6 +44,11 @@ char *chat_user(const char *user, int thinking) {
     return join(parts, 4);
 }
 
+char *chat_user_open_think(const char *user, int thinking) {
+    const char *parts[] = {"<|im_start|>user\n", user, "<|im_end|>\n", gen_prompt(thinking), thinking ? "<think>\n" : ""};
+    return join(parts, 5);
+}
+
 char *chat_first_turn(const char *system, const char *user, int thinking) {
     char *s = chat_system(system), *u = chat_user(user, thinking), *out = NULL;
     if (s && u) out = join((const char *const[]){s, u}, 2);

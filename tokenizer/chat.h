@@ -1,4 +1,4 @@
-/* chat.h: the Qwen3 chat template, rendered to text for tok_encode.
+/* chat.h: the Qwen3 (and Qwen3.5) chat template, rendered to text for tok_encode.
  *
  * Data flow: user input -> chat_first_turn / chat_next_turn -> text ->
  * tok_encode (which turns <|im_start|>, <|im_end|>, <think> into their ids)
@@ -8,6 +8,8 @@
  *   <|im_start|>user\n{user}<|im_end|>\n
  *   <|im_start|>assistant\n            (generation prompt)
  *   <think>\n\n</think>\n\n             (only with thinking off)
+ * Qwen3.5's template differs in one place: with thinking on, the generation
+ * prompt opens the think block itself ("<think>\n" after it).
  * A follow-up turn continues a KV cache that already holds everything up to the
  * end of the previous assistant reply (its sampled <|im_end|> not fed back),
  * so it only closes that reply and opens the next user turn. Unlike the full
@@ -31,6 +33,9 @@ char *chat_next_turn(const char *user, int thinking);
  * ownership; first turn = system + user, next turn = CHAT_CLOSE + user. */
 char *chat_system(const char *system);
 char *chat_user(const char *user, int thinking);
+/* Qwen3.5's template opens the think block itself when thinking is on:
+ * the generation prompt ends "<|im_start|>assistant\n<think>\n". */
+char *chat_user_open_think(const char *user, int thinking);
 #define CHAT_CLOSE "<|im_end|>\n"
 
 #endif

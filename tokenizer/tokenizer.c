@@ -28,10 +28,16 @@
 #include "format/quote.h"
 #include "tokenizer/unicode.h"
 
-/* The only pre-tokenizer regex this file implements (tokenizer.json spelling). */
+/* The two pre-tokenizer regexes this file implements (tokenizer.json
+ * spelling): Qwen2/Qwen3's, and Qwen3.5's, which adds \p{M} to the letters
+ * of the second alternative and to the excluded set of the fourth (llama.cpp's
+ * pre-type qwen35). */
 static const char QWEN2_REGEX[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char QWEN35_REGEX[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+    "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 /* ---------------------------------------------------------------- errors */
 
@@ -214,7 +220,9 @@ static int check_pipeline(Tokenizer *t, const Json *root, const char *path, char
         int use_regex = 0;
         json_get_bool(p, "use_regex", &use_regex);
         if (ty && !strcmp(ty, "ByteLevel") && !use_regex) continue;
-        if (ty && !strcmp(ty, "Split") && re && !strcmp(re, QWEN2_REGEX) && (!beh || !strcmp(beh, "Isolated"))) {
+        int q35 = re && !strcmp(re, QWEN35_REGEX);
+        if (ty && !strcmp(ty, "Split") && re && (q35 || !strcmp(re, QWEN2_REGEX)) && (!beh || !strcmp(beh, "Isolated"))) {
+            t->marks = q35;
             have_split = 1;
             continue;
         }
@@ -668,8 +676,11 @@ static uint32_t fold(uint32_t c) {
 /* End (exclusive) of the pre-token starting at code point i of cp[0 .. m):
  *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
  *   | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
- * tried in that order, each with the backtracking a regex engine would do. */
-static size_t pretok_end(const uint32_t *cp, const uint8_t *fl, size_t m, size_t i) {
+ * tried in that order, each with the backtracking a regex engine would do.
+ * With marks (Qwen3.5), \p{L}+ is [\p{L}\p{M}]+ and the punctuation run
+ * excludes \p{M} too. */
+static size_t pretok_end(const uint32_t *cp, const uint8_t *fl, size_t m, size_t i, int marks) {
+    const unsigned let = marks ? UNI_L | UNI_M : UNI_L;
     uint32_t c = cp[i];
     /* contractions: the apostrophe is ASCII only; 's|'t|'m|'d need one letter */
     if (c == '\'' && i + 1 < m) {
@@ -679,14 +690,14 @@ static size_t pretok_end(const uint32_t *cp, const uint8_t *fl, size_t m, size_t
     }
     /* letters, optionally led by one character that is not CR/LF/letter/number */
     size_t j = i;
-    if (!(fl[i] & (UNI_L | UNI_N)) && !is_crlf(c) && i + 1 < m && (fl[i + 1] & UNI_L)) j = i + 1;
-    if (fl[j] & UNI_L) {
-        while (j < m && (fl[j] & UNI_L)) j++;
+    if (!(fl[i] & (UNI_L | UNI_N)) && !is_crlf(c) && i + 1 < m && (fl[i + 1] & let)) j = i + 1;
+    if (fl[j] & let) {
+        while (j < m && (fl[j] & let)) j++;
         return j;
     }
     if (fl[i] & UNI_N) return i + 1; /* \p{N}: digits one by one, unlike Llama 3 */
     /* punctuation run, optionally led by one ASCII space, then any CR/LF */
-    const unsigned word = UNI_WS | UNI_L | UNI_N;
+    const unsigned word = UNI_WS | UNI_N | let;
     j = c == ' ' ? i + 1 : i;
     if (j < m && !(fl[j] & word)) {
         while (j < m && !(fl[j] & word)) j++;
@@ -732,7 +743,7 @@ static void encode_segment(Enc *e, const char *s, size_t n) {
     }
     e->offs[m] = n;
     for (size_t i = 0; i < m && !e->failed;) {
-        size_t j = pretok_end(e->cps, e->flags, m, i);
+        size_t j = pretok_end(e->cps, e->flags, m, i, e->t->marks);
         bpe(e, s + e->offs[i], e->offs[j] - e->offs[i]);
         i = j;
     }

@@ -46,6 +46,7 @@ typedef struct Tokenizer {
     uint8_t added_first[32]; /* bit set of the first bytes of added tokens' contents */
     int byte_id[256];      /* id of the one-byte symbol for each byte */
     int nfc;               /* normalizer is NFC */
+    int marks;             /* the split regex is Qwen3.5's: marks (\p{M}) count with letters */
     int ignore_merges;     /* model.ignore_merges: a piece found whole in the vocab skips BPE */
     size_t max_piece;      /* longest token in bytes */
     int eos_id, pad_id;    /* from tokenizer_config.json eos_token / pad_token, -1 if absent */

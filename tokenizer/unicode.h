@@ -25,6 +25,7 @@ enum {
     UNI_N = 2,    /* General_Category N* (Nd Nl No) */
     UNI_WS = 4,   /* White_Space property: what \s means in Oniguruma and Rust regex */
     UNI_NFC = 8,  /* NFC_QC is No/Maybe or combining class != 0: NFC may change the text here */
+    UNI_M = 16,   /* General_Category M* (Mn Mc Me): Qwen3.5's split regex keeps marks with letters */
 };
 
 /* NFC output is at most this many times as long as its UTF-8 input (a Hangul

@@ -23,7 +23,7 @@ OUT = sys.argv[2] if len(sys.argv) > 2 else "tokenizer/unicode_tables.h"
 MAX_CP = 0x10FFFF
 
 # flag bits, mirrored by UNI_* in unicode.h
-F_L, F_N, F_WS, F_NFC = 1, 2, 4, 8
+F_L, F_N, F_WS, F_NFC, F_M = 1, 2, 4, 8, 16
 
 
 def lines(name):
@@ -132,6 +132,8 @@ def main():
             v |= F_L
         if g[0] == "N":
             v |= F_N
+        if g[0] == "M":
+            v |= F_M
         if cp in white:
             v |= F_WS
         # "may change under NFC": the quick check answers No/Maybe, or the code
@@ -194,7 +196,7 @@ def main():
     w("/* NFC output is at most this many times as long as its UTF-8 input (Hangul: 3 bytes -> 9 bytes) */")
     w("#define UNI_NFC_GROWTH %d" % max(growth, 3))
     w("")
-    w("/* [lo, hi] -> UNI_L | UNI_N | UNI_WS | UNI_NFC bits; absent ranges have none */")
+    w("/* [lo, hi] -> UNI_L | UNI_N | UNI_WS | UNI_NFC | UNI_M bits; absent ranges have none */")
     w("static const UniRange uni_flag_ranges[%d] = {" % len(flag_ranges))
     for lo, hi, v in flag_ranges:
         w("    {0x%05X, 0x%05X, %d}," % (lo, hi, v))

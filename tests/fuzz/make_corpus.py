@@ -180,7 +180,12 @@ def config_seeds():
         "shipped-generation": read(os.path.join(MODEL, "generation_config.json")),
         "small": read(os.path.join(FIXTURES, "small", "config.json")),
         "tiny": read(os.path.join(FIXTURES, "tiny", "config.json")),
+        "qwen35": read(os.path.join(FIXTURES, "qwen35", "config.json")),
     }
+    # a text-only Qwen3.5 save: the text keys at the top level
+    q35 = json.loads(seeds["qwen35"])
+    flat = dict(q35["text_config"], architectures=["Qwen3_5ForCausalLM"])
+    seeds["qwen35-flat"] = json.dumps(flat, indent=1).encode()
     base = json.loads(seeds["small"])
     variants = {
         "yarn": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
