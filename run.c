@@ -818,10 +818,12 @@ static int spec_open(Run *r, Gen *g, KVCache *mkv, Spec *sp) {
     char err[1024];
     Model *m = &r->m;
     int n_draft = r->a.spec < 0 ? (m->has_mtp ? 3 : 0) : r->a.spec;
-    if (m->mtp_absent)
+    if (m->mtp_absent) {
         fprintf(stderr, "warning: %s: config.json announces an MTP head, but the checkpoint has no mtp.* tensors: no "
                         "speculative decoding\n", r->src.path);
-    if (n_draft > 0 && !m->has_mtp && !m->mtp_absent) {
+        return 0;
+    }
+    if (n_draft > 0 && !m->has_mtp) {
         fprintf(stderr, "warning: -spec %d: %s has no MTP head; decoding without speculation\n", n_draft,
                 r->src.path);
         return 0;
@@ -1172,10 +1174,13 @@ static int choose_context(Run *r) {
 static int open_cache(Run *r, KVCache *kv) {
     char err[1024];
     const Config *c = &r->m.cfg;
-    const double per_pos = (double)c->n_layers * c->n_kv_heads *
+    /* the full-attention layers' K and V grow with the context; a hybrid
+     * model's recurrent state does not */
+    const double per_pos = (double)(c->n_layers - c->n_gdn) * c->n_kv_heads *
                            (r->spec.k->bits(c->head_dim, &r->spec.ko) + r->spec.v->bits(c->head_dim, &r->spec.vo)) *
                            c->head_dim / 8;
-    const double need = per_pos * r->ctx, have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    const double need = per_pos * r->ctx + (double)r->m.state_floats * sizeof(float);
+    const double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     if (have > 0 && need > have) {
         char hn[32], hh[32];
         human_bytes(need, hn, sizeof hn);

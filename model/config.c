@@ -247,10 +247,13 @@ static int read_qwen35(Config *c, const Json *t, const char *path, const char *w
                  path, w, quote_str(ssm, b, sizeof b));
         return -1;
     }
-    /* partial RoPE: rope_parameters.partial_rotary_factor, or the text config's */
-    double part = 1;
-    const Json *rp = field(t, "rope_parameters");
+    /* partial RoPE: rope_parameters', rope_scaling's (older saves) or the
+     * text config's partial_rotary_factor, else transformers' Qwen3.5
+     * default, a quarter of each head */
+    double part = 0.25;
+    const Json *rp = field(t, "rope_parameters"), *rs = field(t, "rope_scaling");
     if (get_num(t, path, w, "partial_rotary_factor", 1e-3, 1, &part, err, errlen) ||
+        get_num(rs, path, "rope_scaling.", "partial_rotary_factor", 1e-3, 1, &part, err, errlen) ||
         get_num(rp, path, "rope_parameters.", "partial_rotary_factor", 1e-3, 1, &part, err, errlen))
         return -1;
     c->rot_dim = (int)(c->head_dim * part + 0.5);

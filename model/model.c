@@ -47,6 +47,14 @@ static int dtype_of(const Model *m, const STensor *t, DType *dt, char *err, size
     return 0;
 }
 
+/* t's shape as "[a, b, ...]", for error lines. */
+static void shape_text(const STensor *t, char *out, size_t n) {
+    size_t l = (size_t)snprintf(out, n, "[");
+    for (int i = 0; i < t->ndim && l < n; i++)
+        l += (size_t)snprintf(out + l, n - l, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (l < n) snprintf(out + l, n - l, "]");
+}
+
 /* Finds name and checks it is [rows, cols] (cols = 0: a vector [rows]). */
 static const STensor *find_checked(const Model *m, const char *name, int rows, int cols, char *err, size_t errlen) {
     const STensor *t = st_find(&m->ts, name);
@@ -56,12 +64,8 @@ static const STensor *find_checked(const Model *m, const char *name, int rows, i
     }
     int ndim = cols ? 2 : 1;
     if (t->ndim != ndim || t->shape[0] != rows || (cols && t->shape[1] != cols)) {
-        char found[96] = "[";
-        for (int i = 0; i < t->ndim; i++) {
-            size_t l = strlen(found);
-            snprintf(found + l, sizeof found - l, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-        }
-        strncat(found, "]", sizeof found - strlen(found) - 1);
+        char found[96];
+        shape_text(t, found, sizeof found);
         if (cols)
             snprintf(err, errlen, "%s: tensor '%s': expected shape [%d, %d] from config.json, found %s",
                      tensor_file(m, t), name, rows, cols, found);
@@ -119,8 +123,10 @@ static int load_conv(const Model *m, const char *name, int ch, int k, float **ou
     }
     if (t->ndim != 3 || t->shape[0] != ch || !((t->shape[1] == 1 && t->shape[2] == k) ||
                                                 (t->shape[1] == k && t->shape[2] == 1))) {
-        snprintf(err, errlen, "%s: tensor '%s': expected shape [%d, 1, %d] from config.json, found %d dims", 
-                 tensor_file(m, t), name, ch, k, t->ndim);
+        char found[96];
+        shape_text(t, found, sizeof found);
+        snprintf(err, errlen, "%s: tensor '%s': expected shape [%d, 1, %d] (or MLX's [%d, %d, 1]) from config.json, "
+                 "found %s", tensor_file(m, t), name, ch, k, ch, k, found);
         return -1;
     }
     return widen_checked(m, t, name, ch * k, out, err, errlen);
@@ -841,6 +847,11 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
             snprintf(err, errlen, "token id %d at position %d: expected 0..%d", tokens[i], pos + i, c->vocab_size - 1);
             return -1;
         }
+    if (kv->state_floats != m->state_floats) {
+        snprintf(err, errlen, "model_forward: the cache holds %zu floats of recurrent state, the model needs %zu "
+                 "(open it with model_kv_init)", kv->state_floats, m->state_floats);
+        return -1;
+    }
     for (int off = 0; off < n; off += m->s.cap) {
         int nb = n - off < m->s.cap ? n - off : m->s.cap, last = off + nb == n;
         float *lg = logits && (all_logits || last) ? logits + (all_logits ? (size_t)off * c->vocab_size : 0) : NULL;

@@ -39,6 +39,7 @@ void spec_free(Spec *s) {
 
 int spec_prefill(Spec *s, const float *hidden, const int *tokens, int n, char *err, size_t errlen) {
     const int H = s->m->cfg.hidden;
+    s->n_vtok = 0; /* the cache moved on: no verify pass to rewind into */
     /* the pending rows now know their last token: tokens[0] */
     if (s->n_pend > 0) {
         s->rows_tok[s->n_pend - 1] = tokens[0];
@@ -161,6 +162,8 @@ int spec_step(Spec *s, int x, int *out, char *err, size_t errlen) {
     }
     if (k == N) y = greedy ? sampler_argmax(s->lg + (size_t)N * V, V) : sampler_sample(s->smp, s->lg + (size_t)N * V);
     out[k] = y;
+    /* a later rewind may replay only what was accepted */
+    if (s->n_vtok > k + 1) s->n_vtok = k + 1;
     /* keep x, d1..dk in the main cache; MTP rows from draft states go, and
      * h_P..h_{P+k} wait to be rewritten from the main model's states */
     if (k < N && rewind_to(s, P + k + 1, err, errlen)) return -1;
@@ -186,6 +189,7 @@ void spec_reset(Spec *s) {
     kv_cache_truncate(s->kv, 0);
     kv_cache_truncate(s->mkv, 0);
     s->n_pend = 0;
+    s->n_vtok = 0;
 }
 
 long spec_accepted(const Spec *s) {

@@ -205,7 +205,7 @@ Test(qwen35, speculative_decoding_restores_the_state) {
         len += got;
         x = out[got - 1];
     }
-    /* a stop inside accepted drafts: back two positions */
+    /* a stop inside accepted drafts: back one position */
     cr_assert_eq(spec_rewind(&sp, kv_cache_len(&kv) - 1), 0);
     len -= 1;
     cr_expect(spec_accepted(&sp) > 0 && spec_accepted(&sp) < sp.drafted, "accepted %ld of %ld", spec_accepted(&sp),
@@ -259,6 +259,9 @@ Test(qwen35, greedy_speculation_and_every_scheme) {
         cr_expect(strstr(out, row) != NULL, "compare lacks %s:\n%s", kv_schemes[i]->name, out);
     }
     free(out);
+    char ep[64];
+    snprintf(ep, sizeof ep, "/tmp/run_q35_err.%d", (int)getpid());
+    remove(ep);
 }
 
 /* A copy of the fixture with config.json edited (sed expression) or a
@@ -291,6 +294,7 @@ static void expect_refusal(const char *sed, const char *from, const char *to, co
     size_t n = f ? fread(err, 1, sizeof err - 1, f) : 0;
     err[n] = 0;
     if (f) fclose(f);
+    remove(ep);
     cr_expect_eq(rc, 1, "%s: exit %d: %s", frag, rc, err);
     cr_expect(strstr(err, frag) != NULL, "expected '%s' in: %s", frag, err);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
@@ -314,6 +318,40 @@ Test(qwen35, bad_input_names_the_field_or_tensor) {
                    "missing tensor 'mtp.layers.0.self_attn.o_proj.weight'");
 }
 
+/* partial_rotary_factor may be left out (transformers' default for Qwen3.5
+ * is a quarter of each head) or sit in rope_scaling (older saves): the same
+ * logits either way. */
+Test(qwen35, partial_rotary_factor_default_and_rope_scaling) {
+    /* perl -0: the key and the comma before it span two lines */
+    const char *edits[] = {"s/,\\s*\"partial_rotary_factor\": 0.25//",
+                           "s/,\\s*\"partial_rotary_factor\": 0.25//; s/\"mamba_ssm_dtype\"/\"rope_scaling\": "
+                           "{\"partial_rotary_factor\": 0.25}, \"mamba_ssm_dtype\"/"};
+    for (int e = 0; e < 2; e++) {
+        char dir[] = "/tmp/run_q35_XXXXXX", cmd[1024], err[512];
+        cr_assert(mkdtemp(dir));
+        snprintf(cmd, sizeof cmd, "cp " FIX "/* %s/ && chmod u+w %s/* && perl -0pi -e '%s' %s/config.json && "
+                 "[ $(grep -c partial_rotary_factor %s/config.json) = %d ]", dir, dir, edits[e], dir, dir, e);
+        cr_assert_eq(system(cmd), 0);
+        Model m;
+        KVCache kv;
+        KVSpec spec;
+        int ids[64];
+        cr_assert_eq(model_load(&m, dir, 0, err, sizeof err), 0, "%s", err);
+        cr_expect_eq(m.cfg.rot_dim, 64, "edit %d", e);
+        kv_spec_parse("f32", &spec, err, sizeof err);
+        cr_assert_eq(model_kv_init(&m, &kv, &spec, 64, 0, err, sizeof err), 0, "%s", err);
+        const int n = read_tokens(GOLD "/sentence/tokens.txt", ids, 64), V = m.cfg.vocab_size;
+        float *lg = malloc((size_t)n * V * sizeof(float)), *want = read_f32(GOLD "/sentence/logits.f32", (size_t)n * V);
+        cr_assert_eq(model_forward(&m, &kv, ids, n, lg, 1, NULL, err, sizeof err), 0, "%s", err);
+        compare(lg, want, (size_t)n * V, V, 1e-4, 2e-5, "edited config");
+        free(lg), free(want);
+        kv_cache_free(&kv);
+        model_free(&m);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_expect_eq(system(cmd), 0);
+    }
+}
+
 /* A checkpoint whose config announces an MTP head it does not carry (some
  * conversions strip mtp.*) runs without drafts, saying so in one line. */
 Test(qwen35, missing_mtp_head_runs_without_drafts) {
@@ -323,12 +361,14 @@ Test(qwen35, missing_mtp_head_runs_without_drafts) {
              "%s/model.safetensors.index.json && perl -pi -e 's/\"mtp\\./\"xtp./g' "
              "%s/model.safetensors-00001-of-00001.safetensors", dir, dir, dir, dir);
     cr_assert_eq(system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "%s -i hi -n 3 -t 0", dir);
+    snprintf(cmd, sizeof cmd, "%s -i hi -n 3 -t 0 -spec 3", dir);
     char *out;
-    cr_expect_eq(run_bin(cmd, &out), 0);
+    cr_expect_eq(run_bin(cmd, &out), 0, "-spec 3 asked of a model without its head");
     free(out);
     snprintf(cmd, sizeof cmd, "grep -q 'announces an MTP head' /tmp/run_q35_err.%d", (int)getpid());
     cr_expect_eq(system(cmd), 0, "no warning about the missing head");
+    snprintf(cmd, sizeof cmd, "/tmp/run_q35_err.%d", (int)getpid());
+    remove(cmd);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_expect_eq(system(cmd), 0);
 }
