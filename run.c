@@ -35,6 +35,10 @@
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
+/* Texts (-f, a chat message) longer than this are refused: 64 MiB is over
+ * 10 M tokens, past any context. */
+#define MAX_TEXT_BYTES (64u << 20)
+
 /* Prompt tokens per forward call: progress shows between them. */
 #define PREFILL_SLICE 512
 
@@ -116,7 +120,7 @@ static void usage(FILE *f) {
             "                   pack); anywhere among the options, or as --model MODEL; default:\n"
             "                   " DEFAULT_MODEL " beside ./run\n"
             "  -m MODE          generate (default) | chat | tokenize | detokenize | logits | ppl | compare |\n"
-            "                   kvstats | pack\n"
+            "                   kvstats | pack                                             (--mode)\n"
             "  -i TEXT          prompt; chat: the first message; detokenize: token ids     (--prompt)\n"
             "  -f FILE          the same from a file (a pipe or /dev/stdin works)          (--file)\n"
             "  -n N             tokens to generate, -1 = until the end of text (default 256; chat: per\n"
@@ -145,7 +149,8 @@ static void usage(FILE *f) {
             "                   vdpbf16ps, like llama.cpp's bf16 path: prefill about 2x on AMD Zen 4,\n"
             "                   logits move by about 0.5%%; a bf16 model read into memory needed)\n"
             "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the same\n"
-            "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the file\n"
+            "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the\n"
+            "                   single file                                                (--output)\n"
             "  --show-pieces    tokenize: one token per line, id and text\n"
             "  -h, --help       this help;  --version  the version and the kernels this CPU runs\n"
             "KV schemes (bits per value at head_dim 128):\n");
@@ -857,9 +862,6 @@ typedef struct {
     int stale;            /* the cache holds less than the turns say (Ctrl-C in a prompt): feed again */
 } Chat;
 
-/* A chat message longer than this is refused (about 20 M tokens). */
-#define MAX_MESSAGE_BYTES (64u << 20)
-
 /* One line from stdin (any length), NULL at the end or on Ctrl-C. */
 static char *read_line(char **line, size_t *cap, size_t *len) {
     ssize_t n = getline(line, cap, stdin);
@@ -949,7 +951,7 @@ static int run_chat(Run *r, Gen *g) {
             g_interrupted = 0;
             if (!(user = read_line(&line, &cap, &n))) break;
         }
-        if (n > MAX_MESSAGE_BYTES) {
+        if (n > MAX_TEXT_BYTES) {
             fprintf(stderr, "error: a message of %zu bytes: expected at most 64 MiB\n", n);
             refused++, user = NULL;
             continue;
@@ -1046,7 +1048,7 @@ static int open_tokenizer(Run *r) {
 static int read_text(Run *r) {
     if (r->a.prompt_file) {
         char err[1024];
-        r->text = file_read_any(r->a.prompt_file, 64u << 20, &r->text_len, err, sizeof err);
+        r->text = file_read_any(r->a.prompt_file, MAX_TEXT_BYTES, &r->text_len, err, sizeof err);
         if (!r->text) { fprintf(stderr, "error: -f %s\n", err); return 1; }
     } else if (r->a.prompt || strcmp(r->a.mode, "chat") != 0) {
         const char *p = r->a.prompt ? r->a.prompt : DEFAULT_PROMPT;

@@ -191,7 +191,11 @@ static int load_layer(const Model *m, Layer *L, const char *prefix, int gdn, cha
     return 0;
 }
 
-int layer_matrices(Layer *L, Weight **w, const char **names) {
+/* A layer's matrices in a fixed order with their checkpoint names (after
+ * the layer's prefix): what relayout, q8 conversion and freeing walk.
+ * Returns the count (at most LAYER_MAX_MATRICES). */
+#define LAYER_MAX_MATRICES 8
+static int layer_matrices(Layer *L, Weight **w, const char **names) {
     static const char *attn[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                                  "self_attn.o_proj.weight"};
     static const char *gdn[] = {"linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight",

@@ -45,11 +45,6 @@ typedef struct {
     Weight wg, wu, wd;            /* [I, H] x2, [H, I] */
 } Layer;
 
-/* A layer's matrices in a fixed order with their checkpoint names (after
- * the layer's prefix): what relayout and q8 conversion walk. Returns the
- * count (at most LAYER_MAX_MATRICES). */
-#define LAYER_MAX_MATRICES 8
-int layer_matrices(Layer *L, Weight **w, const char **names);
 
 /* Scratch for one forward call of up to cap tokens. */
 typedef struct {

@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/util.h"
+
 static const char *bin(void) { return getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run"; }
 
 /* Runs `./run args`, returns exit code; stdout and stderr into malloc'd strings. */
@@ -38,19 +40,6 @@ static int run(const char *args, char **out, char **err) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 /* The last stderr line must be the stats line with all five fields. */
 static void expect_stats(const char *err) {
     const char *s = strstr(err, "stats: prefill_tokens=");
@@ -71,7 +60,7 @@ Test(cli, tokenize_matches_golden_ids) {
                  prompts[i]);
         cr_assert_eq(run(args, &out, &err), 0, "%s", err);
         snprintf(path, sizeof path, "tests/data/golden/tiny/%s/tokens.txt", prompts[i]);
-        char *want = read_text(path);
+        char *want = slurp(path, NULL);
         want[strcspn(want, "\n")] = 0;
         out[strcspn(out, "\n")] = 0;
         cr_expect_str_eq(out, want, "%s", prompts[i]);
@@ -250,12 +239,12 @@ Test(cli, bf16_inputs_stay_close_and_refuse_what_they_cannot_run) {
     /* the same binary on a lower kernel level, and from the file mapping */
     snprintf(cmd, sizeof cmd, "RUN_ISA=avx2 %s tests/data/fixtures/small -act bf16 -n 2 >/dev/null 2>/tmp/run_cli_act.err", bin());
     cr_expect_eq(WEXITSTATUS(system(cmd)), 1);
-    char *e = read_text("/tmp/run_cli_act.err");
+    char *e = slurp("/tmp/run_cli_act.err", NULL);
     cr_expect(strstr(e, "need AVX-512 BF16 (vdpbf16ps), which this CPU at kernel level avx2 lacks") != NULL, "%s", e);
     free(e);
     snprintf(cmd, sizeof cmd, "RUN_MMAP=1 %s tests/data/fixtures/small -act bf16 -n 2 >/dev/null 2>/tmp/run_cli_act.err", bin());
     cr_expect_eq(WEXITSTATUS(system(cmd)), 1);
-    e = read_text("/tmp/run_cli_act.err");
+    e = slurp("/tmp/run_cli_act.err", NULL);
     cr_expect(strstr(e, "must be read into memory") != NULL, "%s", e);
     free(e);
     remove("/tmp/run_cli_act.err");
@@ -321,8 +310,8 @@ Test(cli, chat_keeps_cache_between_turns) {
              ">/tmp/run_cli_chat.out 2>/tmp/run_cli_chat.err",
              bin());
     cr_assert_eq(system(cmd), 0);
-    out = read_text("/tmp/run_cli_chat.out");
-    err = read_text("/tmp/run_cli_chat.err");
+    out = slurp("/tmp/run_cli_chat.out", NULL);
+    err = slurp("/tmp/run_cli_chat.err", NULL);
     int nl = 0;
     for (char *p = out; *p; p++) nl += *p == '\n';
     cr_expect_eq(nl, 2, "expected two replies: %s", out);

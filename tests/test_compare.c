@@ -16,6 +16,7 @@
 
 #include "eval/compare.h"
 #include "format/json.h"
+#include "tests/util.h"
 
 static const char *FIELDS[] = {"name",      "weights", "k_bits", "v_bits", "bytes_per_token", "ratio_f16",
                                "ppl",       "dppl_pct", "kl",    "top1",   "greedy",          "decode_tps"};
@@ -78,25 +79,12 @@ static void remove_dir(char *d) {
     free(d);
 }
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 /* Writes rows to dir/name, which must succeed; returns the file's text. */
 static char *write_read(const char *dir, const char *name, const CompareRow *r, int n, const char *title) {
     char path[512], err[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     cr_assert_eq(compare_write(path, r, n, title, err, sizeof err), 0, "%s", err);
-    return read_text(path);
+    return slurp(path, NULL);
 }
 
 /* ---- CSV ---- */

@@ -15,6 +15,7 @@
 
 #include "format/json.h"
 #include "model/model.h"
+#include "tests/util.h"
 
 static char tmp[256];
 
@@ -45,20 +46,6 @@ static const char *copy_fixture(const char *name) {
     snprintf(dir, sizeof dir, "%s/m", tmp);
     sh("cp -r tests/data/fixtures/%s '%s' && chmod -R u+w '%s'", name, dir, dir);
     return dir;
-}
-
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    cr_assert_eq(fread(b, 1, (size_t)len, f), (size_t)len);
-    b[len] = 0;
-    fclose(f);
-    *n = (size_t)len;
-    return b;
 }
 
 static void spit(const char *path, const void *b, size_t n) {

@@ -289,14 +289,11 @@ static void expect_refusal(const char *sed, const char *from, const char *to, co
     free(out);
     char ep[64];
     snprintf(ep, sizeof ep, "/tmp/run_q35_err.%d", (int)getpid());
-    FILE *f = fopen(ep, "r");
-    char err[4096] = "";
-    size_t n = f ? fread(err, 1, sizeof err - 1, f) : 0;
-    err[n] = 0;
-    if (f) fclose(f);
+    char *err = slurp(ep, NULL);
     remove(ep);
     cr_expect_eq(rc, 1, "%s: exit %d: %s", frag, rc, err);
     cr_expect(strstr(err, frag) != NULL, "expected '%s' in: %s", frag, err);
+    free(err);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_expect_eq(system(cmd), 0);
 }

@@ -12,20 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const char *bin(void) { return getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run"; }
+#include "tests/util.h"
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
+static const char *bin(void) { return getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run"; }
 
 /* Runs `sh -c "<prefix> $RUN_BIN <args>"` under a timeout (a hang fails);
  * stdin from /dev/null unless args redirect it. Returns the exit code;
@@ -41,8 +30,8 @@ static int run(char **out, char **err, const char *fmt, ...) {
     snprintf(pe, sizeof pe, "/tmp/run_usage_err.%d", (int)getpid());
     snprintf(cmd, sizeof cmd, "timeout -k 5 60 %s </dev/null %s >%s 2>%s", bin(), args, po, pe);
     int st = system(cmd);
-    *out = slurp(po);
-    *err = slurp(pe);
+    *out = slurp(po, NULL);
+    *err = slurp(pe, NULL);
     remove(po);
     remove(pe);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -150,7 +139,7 @@ Test(usage, option_errors_say_what_was_expected) {
     int st = system(cmd);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "an unknown RUN_ISA is a usage error");
     snprintf(cmd, sizeof cmd, "/tmp/run_usage_isa.%d", (int)getpid());
-    e = slurp(cmd);
+    e = slurp(cmd, NULL);
     cr_expect(strstr(e, "RUN_ISA: expected ref, avx2, avx512 or avx512vnni, found 'avx1024'"), "%s", e);
     free(e);
     remove(cmd);
@@ -244,7 +233,7 @@ Test(usage, ctrl_c_stops_with_stats) {
     kill(-pid, SIGINT);
     int st;
     waitpid(pid, &st, 0);
-    char *e = slurp("/tmp/run_usage_int.err"), *o = slurp("/tmp/run_usage_int.out");
+    char *e = slurp("/tmp/run_usage_int.err", NULL), *o = slurp("/tmp/run_usage_int.out", NULL);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 130, "exit %d: %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1, e);
     cr_expect(strstr(e, "stats: prefill_tokens=4") && strstr(o, "In the beginning"), "%s", e);
     free(e), free(o);

@@ -3,7 +3,8 @@
  * Deterministic random numbers (xorshift64 + Box-Muller): a file that uses
  * them defines TEST_SEED before including this, so that each file keeps
  * its own stream (and the numbers its expectations were measured on).
- * Files: token ids as whitespace-separated text, raw little-endian f32.
+ * Files: token ids as whitespace-separated text, raw little-endian f32,
+ * a whole file as NUL-terminated bytes.
  */
 #ifndef TESTS_UTIL_H
 #define TESTS_UTIL_H
@@ -53,6 +54,22 @@ static inline float int_accum_err(const KVStream *s, const float *p, int t0, int
     return s->scheme->accum_err * (float)mag;
 }
 #endif
+
+/* The whole file, NUL-terminated (malloc'd); *n its length when n is not NULL. */
+static inline char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)len + 1);
+    cr_assert(b);
+    cr_assert_eq(fread(b, 1, (size_t)len, f), (size_t)len, "%s: short read", path);
+    b[len] = 0;
+    fclose(f);
+    if (n) *n = (size_t)len;
+    return b;
+}
 
 /* Up to cap token ids from a text file. */
 static inline int read_tokens(const char *path, int *ids, int cap) {
