@@ -345,6 +345,7 @@ int config_parse(Config *c, const Json *j, const char *path, char *err, size_t e
     c->tie_embeddings = 0;
     c->mtp_layers = 0;
     c->bos_id = -1;
+    c->media_ids[0] = c->media_ids[1] = -1;
     if (get_bool(t, path, w, "tie_word_embeddings", &c->tie_embeddings, err, errlen) ||
         get_int(t, path, w, "num_nextn_predict_layers", 0, 16, 0, &c->mtp_layers, err, errlen) ||
         get_int(t, path, w, "mtp_num_hidden_layers", 0, 16, 0, &c->mtp_layers, err, errlen) ||
@@ -355,6 +356,10 @@ int config_parse(Config *c, const Json *j, const char *path, char *err, size_t e
         get_bool(j, path, "", "tie_word_embeddings", &c->tie_embeddings, err, errlen))
         return -1;
     if (q35 && read_qwen35(c, t, path, w, err, errlen)) return -1;
+    /* the multimodal config keeps the placeholder ids at the top level */
+    if (q35 && (get_int(j, path, "", "image_token_id", 0, 1 << 30, 0, &c->media_ids[0], err, errlen) ||
+                get_int(j, path, "", "video_token_id", 0, 1 << 30, 0, &c->media_ids[1], err, errlen)))
+        return -1;
     return read_eos(c, t, path, err, errlen) || (t != j && read_eos(c, j, path, err, errlen)) ? -1 : 0;
 }
 

@@ -42,6 +42,8 @@ typedef struct {
     int tie_embeddings;
     int mtp_layers;           /* num_nextn_predict_layers / mtp_num_hidden_layers, 0 if none */
     int bos_id;               /* -1 if none */
+    int media_ids[2];         /* Qwen3.5 image_token_id, video_token_id (-1 if none): the vision
+                               * tower's placeholders, refused in a text-only forward */
     int eos_ids[CFG_MAX_EOS];
     int n_eos;
 } Config;

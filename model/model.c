@@ -668,6 +668,54 @@ static void attn_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
 /* softplus as torch computes it: x itself past 20, where log1p(e^x) = x in f32. */
 static float softplus(float x) { return x > 20 ? x : log1pf(expf(x)); }
 
+/* The recurrence of gdn_forward (below) for n tokens, in parallel over
+ * value heads: each thread keeps its heads' S [dk, dv] (64 KB at dk = dv =
+ * 128) in its own cache across the tokens. */
+void model_delta_rule(const Model *m, const Layer *L, float *S0, const float *mix, const float *gb, const float *ga,
+                      const float *z0, float *y, int n) {
+    const Config *c = &m->cfg;
+    const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    const int r = hv / hk, vd = hv * dv, conv_dim = 2 * hk * dk + vd;
+    const float eps = (float)c->eps, qscale = 1.0f / sqrtf((float)dk);
+#pragma omp parallel for schedule(static)
+    for (int j = 0; j < hv; j++) {
+        const int h = j / r;
+        float *S = S0 + (size_t)j * dk * dv;
+        float qn[KV_MAX_DIM * 2], kn[KV_MAX_DIM * 2], u[KV_MAX_DIM * 2];
+        for (int t = 0; t < n; t++) {
+            const float *cv = mix + (size_t)t * conv_dim;
+            const float *q = cv + (size_t)h * dk, *k = cv + (size_t)hk * dk + (size_t)h * dk;
+            const float *v = cv + 2 * (size_t)hk * dk + (size_t)j * dv;
+            /* L2 norm: a sum with 1e-6 inside, as Hugging Face's l2norm */
+            float sq = 0, sk = 0;
+            for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
+            const float fq = qscale / sqrtf(sq + 1e-6f), fk = 1.0f / sqrtf(sk + 1e-6f);
+            for (int i = 0; i < dk; i++) qn[i] = q[i] * fq, kn[i] = k[i] * fk;
+            const float beta = 1.0f / (1.0f + expf(-gb[(size_t)t * hv + j]));
+            const float alpha = expf(L->a_neg[j] * softplus(ga[(size_t)t * hv + j] + L->dt_bias[j]));
+            /* S <- alpha S and u = S^T k in one pass over S [dk, dv] */
+            for (int e = 0; e < dv; e++) u[e] = 0;
+            for (int i = 0; i < dk; i++) {
+                float *row = S + (size_t)i * dv;
+                for (int e = 0; e < dv; e++) row[e] *= alpha, u[e] += row[e] * kn[i];
+            }
+            /* delta = beta (v - u); S += k delta^T and o = S^T q in one pass */
+            float *o = y + (size_t)t * vd + (size_t)j * dv;
+            for (int e = 0; e < dv; e++) u[e] = beta * (v[e] - u[e]), o[e] = 0;
+            for (int i = 0; i < dk; i++) {
+                float *row = S + (size_t)i * dv;
+                for (int e = 0; e < dv; e++) row[e] += kn[i] * u[e], o[e] += row[e] * qn[i];
+            }
+            /* gated RMSNorm over the head: plain weight, times silu(z) */
+            float ss = 0;
+            for (int e = 0; e < dv; e++) ss += o[e] * o[e];
+            const float inv = 1.0f / sqrtf(ss / dv + eps);
+            const float *z = z0 + (size_t)t * vd + (size_t)j * dv;
+            for (int e = 0; e < dv; e++) o[e] = L->gnorm[e] * (o[e] * inv) * (z[e] / (1.0f + expf(-z[e])));
+        }
+    }
+}
+
 /* Gated DeltaNet (shared/specs/qwen35.md) on the normed xb [n, H]; its
  * output [n, H] replaces xb. state: the layer's S [Hv, dk, dv] then the
  * conv's last K-1 inputs [K-1, conv_dim], carried from the previous call.
@@ -685,8 +733,7 @@ static void gdn_forward(Model *m, const Layer *L, float *state, int n) {
     const Config *c = &m->cfg;
     Scratch *s = &m->s;
     const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->conv_k;
-    const int r = hv / hk, vd = hv * dv, conv_dim = 2 * hk * dk + vd;
-    const float eps = (float)c->eps, qscale = 1.0f / sqrtf((float)dk);
+    const int conv_dim = 2 * hk * dk + hv * dv;
     float *S0 = state, *win0 = state + (size_t)hv * dk * dv;
     float *out[] = {s->mix, s->z, s->gb, s->ga};
     const Weight *w[] = {&L->w_qkv, &L->w_z, &L->w_b, &L->w_a};
@@ -706,43 +753,7 @@ static void gdn_forward(Model *m, const Layer *L, float *state, int n) {
             *x = acc / (1.0f + expf(-acc));
         }
     }
-#pragma omp parallel for schedule(static)
-    for (int j = 0; j < hv; j++) {
-        const int h = j / r;
-        float *S = S0 + (size_t)j * dk * dv;
-        float qn[KV_MAX_DIM * 2], kn[KV_MAX_DIM * 2], u[KV_MAX_DIM * 2];
-        for (int t = 0; t < n; t++) {
-            const float *cv = s->mix + (size_t)t * conv_dim;
-            const float *q = cv + (size_t)h * dk, *k = cv + (size_t)hk * dk + (size_t)h * dk;
-            const float *v = cv + 2 * (size_t)hk * dk + (size_t)j * dv;
-            /* L2 norm: a sum with 1e-6 inside, as Hugging Face's l2norm */
-            float sq = 0, sk = 0;
-            for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
-            const float fq = qscale / sqrtf(sq + 1e-6f), fk = 1.0f / sqrtf(sk + 1e-6f);
-            for (int i = 0; i < dk; i++) qn[i] = q[i] * fq, kn[i] = k[i] * fk;
-            const float beta = 1.0f / (1.0f + expf(-s->gb[(size_t)t * hv + j]));
-            const float alpha = expf(L->a_neg[j] * softplus(s->ga[(size_t)t * hv + j] + L->dt_bias[j]));
-            /* S <- alpha S and u = S^T k in one pass over S [dk, dv] */
-            for (int e = 0; e < dv; e++) u[e] = 0;
-            for (int i = 0; i < dk; i++) {
-                float *row = S + (size_t)i * dv;
-                for (int e = 0; e < dv; e++) row[e] *= alpha, u[e] += row[e] * kn[i];
-            }
-            /* delta = beta (v - u); S += k delta^T and o = S^T q in one pass */
-            float *o = s->y + (size_t)t * vd + (size_t)j * dv;
-            for (int e = 0; e < dv; e++) u[e] = beta * (v[e] - u[e]), o[e] = 0;
-            for (int i = 0; i < dk; i++) {
-                float *row = S + (size_t)i * dv;
-                for (int e = 0; e < dv; e++) row[e] += kn[i] * u[e], o[e] += row[e] * qn[i];
-            }
-            /* gated RMSNorm over the head: plain weight, times silu(z) */
-            float ss = 0;
-            for (int e = 0; e < dv; e++) ss += o[e] * o[e];
-            const float inv = 1.0f / sqrtf(ss / dv + eps);
-            const float *z = s->z + (size_t)t * vd + (size_t)j * dv;
-            for (int e = 0; e < dv; e++) o[e] = L->gnorm[e] * (o[e] * inv) * (z[e] / (1.0f + expf(-z[e])));
-        }
-    }
+    model_delta_rule(m, L, S0, s->mix, s->gb, s->ga, s->z, s->y, n);
     matmul(s->xb, s->y, &L->w_out, n);
 }
 
@@ -849,6 +860,12 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size) {
             snprintf(err, errlen, "token id %d at position %d: expected 0..%d", tokens[i], pos + i, c->vocab_size - 1);
+            return -1;
+        } else if (tokens[i] == c->media_ids[0] || tokens[i] == c->media_ids[1]) {
+            /* an image/video placeholder needs the vision tower's embeddings, which are not loaded */
+            snprintf(err, errlen, "token id %d at position %d is the %s placeholder (%s_token_id): images and video "
+                     "are not supported, only text", tokens[i], pos + i, tokens[i] == c->media_ids[0] ? "image" : "video",
+                     tokens[i] == c->media_ids[0] ? "image" : "video");
             return -1;
         }
     if (kv->state_floats != m->state_floats) {

@@ -117,7 +117,8 @@ int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int 
 /* Runs tokens[0..n) at positions [p, p+n), p = kv_cache_len(kv), appending
  * their K/V. logits: NULL, or [n, V] when all_logits, else [V] of the last
  * token. hidden: NULL or [n, H] post-final-norm states (the MTP input).
- * 0 ok; -1 with err on a bad token id or a full context. */
+ * 0 ok; -1 with err on a bad token id (or an image/video placeholder) or a
+ * full context. */
 int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits, int all_logits,
                   float *hidden, char *err, size_t errlen);
 
@@ -127,5 +128,14 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
  * next draft step's hidden input) as in model_forward. */
 int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
                       int all_logits, float *hm, char *err, size_t errlen);
+
+/* The delta-rule recurrence of Gated DeltaNet layer L for n tokens, what a
+ * forward runs between the layer's conv and out_proj (exposed for
+ * tools/bench.c to time alone): mix [n, conv_dim] the conv's silu outputs
+ * (q | k | v), gb and ga [n, Hv] the beta and decay inputs, z [n, Hv*dv]
+ * the output gate; S [Hv, dk, dv] the layer's state, updated in place; y
+ * [n, Hv*dv] gets the gated-normed output. */
+void model_delta_rule(const Model *m, const Layer *L, float *S, const float *mix, const float *gb, const float *ga,
+                      const float *z, float *y, int n);
 
 #endif

@@ -315,6 +315,32 @@ Test(qwen35, bad_input_names_the_field_or_tensor) {
                    "missing tensor 'mtp.layers.0.self_attn.o_proj.weight'");
 }
 
+/* The vision tower is not loaded, so its placeholders (image_token_id 4108,
+ * video_token_id 4109 in the fixture's config) are refused by name, in a
+ * prompt as from the tokenizer. */
+Test(qwen35, image_and_video_placeholders_are_refused) {
+    Model m;
+    KVCache kv;
+    char err[512];
+    open_q35(&m, &kv, "f32", 64);
+    cr_expect(m.cfg.media_ids[0] == 4108 && m.cfg.media_ids[1] == 4109);
+    int toks[3] = {1707, 4109, 11};
+    cr_expect_eq(model_forward(&m, &kv, toks, 3, NULL, 0, NULL, err, sizeof err), -1);
+    cr_expect(strstr(err, "token id 4109 at position 1 is the video placeholder (video_token_id)"), "%s", err);
+    cr_expect_eq(kv_cache_len(&kv), 0, "nothing cached from a refused prompt");
+    kv_cache_free(&kv);
+    model_free(&m);
+    char *out, ep[64];
+    cr_expect_eq(run_bin(FIX " -i 'Look: <|image_pad|>' -n 4", &out), 1);
+    free(out);
+    snprintf(ep, sizeof ep, "/tmp/run_q35_err.%d", (int)getpid());
+    char *e = slurp(ep, NULL);
+    cr_expect(e && strstr(e, "is the image placeholder (image_token_id): images and video are not supported"), "%s",
+              e ? e : "(no stderr)");
+    free(e);
+    remove(ep);
+}
+
 /* partial_rotary_factor may be left out (transformers' default for Qwen3.5
  * is a quarter of each head) or sit in rope_scaling (older saves): the same
  * logits either way. */

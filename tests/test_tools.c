@@ -1,9 +1,10 @@
 /* test_tools.c: the benchmark tools (tools/make_model.c, bench.c,
  * bench_attn.c) through their built binaries in $TOOLS_DIR: make_model
  * writes the same bytes for the same seed, a checkpoint that ./run
- * ($RUN_BIN) loads, and shards without changing a value; each tool refuses
- * bad arguments with one line on stderr and exit code 2. Speed itself is
- * only measured (make bench), never asserted. */
+ * ($RUN_BIN) loads, and shards without changing a value, and a Qwen3.5
+ * hybrid with its MTP head that ./run loads and decodes from; each tool
+ * refuses bad arguments with one line on stderr and exit code 2. Speed
+ * itself is only measured (make bench), never asserted. */
 #include <criterion/criterion.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,6 +65,27 @@ Test(tools, make_model_is_deterministic_and_loads, .timeout = 300) {
     sh("rm -rf %s[0-3].%d %s[0-3].%d.f32 %s[0-3].%d.err", d, pid, d, pid, d, pid);
 }
 
+/* qwen3.5-tiny: 4 layers (3 Gated DeltaNet, 1 gated full attention), the
+ * Qwen3.5 vocabulary (about 140 MB with MTP): it loads, gives finite
+ * logits (run checks), and decodes with and without drafts alike. */
+Test(tools, make_model_writes_a_loadable_hybrid, .timeout = 300) {
+    const int pid = (int)getpid();
+    const char *d = "/tmp/run_tools_q35";
+    cr_assert_eq(sh("rm -rf %s.%d && %s/make_model --shape qwen3.5-tiny --mtp --out %s.%d >/dev/null", d, pid, tools(),
+                    d, pid),
+                 0, "make_model --shape qwen3.5-tiny failed");
+    cr_expect_eq(sh("grep -q '\"model_type\": \"qwen3_5\"' %s.%d/config.json && grep -q 'text_config' %s.%d/config.json",
+                    d, pid, d, pid),
+                 0, "config.json: expected Qwen3.5's nested layout");
+    for (int spec = 0; spec < 3; spec += 2)
+        cr_expect_eq(sh("%s %s.%d -i 'In the beginning' -n 8 -t 0 -spec %d > %s.%d.%d.txt 2>/dev/null", run_bin(), d, pid,
+                        spec, d, pid, spec),
+                     0, "./run -spec %d on the hybrid failed", spec);
+    cr_expect_eq(sh("test -s %s.%d.0.txt && cmp -s %s.%d.0.txt %s.%d.2.txt", d, pid, d, pid, d, pid), 0,
+                 "greedy output with drafts differs from plain decoding");
+    sh("rm -rf %s.%d %s.%d.[02].txt", d, pid, d, pid);
+}
+
 /* Each case: the arguments, the exit code expected and a piece of the one
  * line on stderr. */
 Test(tools, bad_arguments_exit_2_with_one_line) {
@@ -75,11 +97,13 @@ Test(tools, bad_arguments_exit_2_with_one_line) {
         {"make_model", "--shape tiny --seed x7 --out /tmp/run_tools_never", "--seed: expected a whole number"},
         {"make_model", "--shape tiny --layers 0 --out /tmp/run_tools_never", "--layers: expected a whole number"},
         {"make_model", "--shape tiny --max-shard-mb -5 --out /tmp/run_tools_never", "--max-shard-mb: expected"},
+        {"make_model", "--shape qwen3.5-tiny --layers 3 --out /tmp/run_tools_never", "--layers: expected at least 4"},
         {"bench", "", "usage: bench"},
         {"bench", "bench/none --threads 0", "usage: bench"},
         {"bench", "bench/none --kv a,b,c,d,e,f,g,h,i", "--kv: expected at most"},
         {"bench", "bench/none --kv f16,zzz", "unknown scheme 'zzz'"},
         {"bench", "bench/none --kv ,", "expected at least one scheme"},
+        {"bench", "bench/none --vs", "usage: bench"},
         {"bench_attn", "--layers 0", "usage: bench_attn"},
         {"bench_attn", "8192 x", "usage: bench_attn"},
         {"bench_attn", "8192abc", "usage: bench_attn"},

@@ -7,9 +7,13 @@
  * The roofline it reports is bytes read per token against the measured
  * read bandwidth (Williams, Waterman and Patterson, 2009).
  *
- *   build/bench MODEL_DIR [--threads 1,2] [--ctx 8192,32768] [--kv f16,q8,q4,tbq4]
+ *   build/bench MODEL_DIR [--threads 1,2] [--ctx 8192,32768] [--kv f16,q8,q4,tbq4] [--vs DIR]
  *
- * (`make bench` runs it on a random-weight Qwen3-0.6B from tools/make_model.c.)
+ * (`make bench` runs it on a random-weight Qwen3-0.6B from tools/make_model.c,
+ * then on a Qwen3.5-0.8B-shaped hybrid: --threads 2 --ctx 4096 --kv f16
+ * --vs bench/qwen3-0.6b.) A Qwen3.5 hybrid counts its Gated DeltaNet
+ * layers' projections among the weights, KV only in its full-attention
+ * layers, and its recurrent state in every decode roofline.
  * Sections, each for every thread count:
  *   1. read bandwidth: the sum of a 1 GiB float array in 2 MB pages (AVX-512
  *      or AVX2 loads, OpenMP over the threads), best of 5 passes;
@@ -18,14 +22,19 @@
  *      beside it where the CPU has AVX-512 BF16), best of 3;
  *   2. prefill: one model_forward of 512 token ids (f16 KV), best of 5 runs,
  *      in tok/s and GFLOP/s, FLOPs = 2 x decoder matmul params x tokens
- *      + 2 x layers x q heads x head_dim x n(n+1) for causal attention
- *      (q.k and p.v, 2 FLOPs per multiply-add; lm_head runs for the last
- *      token only and is not counted), and that as a share of the FMA peak
- *      (the higher of 1b's and a second measurement after the runs);
+ *      + 2 x full-attention layers x q heads x head_dim x n(n+1) for causal
+ *      attention (q.k and p.v, 2 FLOPs per multiply-add; lm_head runs for
+ *      the last token only and is not counted) + for a hybrid the delta rule,
+ *      6 x Gated DeltaNet layers x Hv x dk x dv x n (prefill_flops), and
+ *      that as a share of the FMA peak (the higher of 1b's and a second
+ *      measurement after the runs);
  *   2b. where the CPU has AVX-512 BF16: the same with bf16 matmul inputs
  *      (-act bf16: model_load with MODEL_ACT_BF16, vdpbf16ps), as a share
  *      of vdpbf16ps's peak (the higher of 1b's and one after the runs),
  *      and its speed against f32 inputs;
+ *   2c. with --vs DIR: DIR's prefill, its runs taken in turn with section
+ *      2's, and both as tok/s x GFLOP per token (the GFLOP/s each turns into
+ *      tokens: the shapes need different FLOPs per token), DIR's as 1.00x;
  *   3. decode at short context: a 16-token prompt, then 128 single-token
  *      forwards (f16 KV), each feeding back the argmax, best of 3 runs,
  *      with one pass of section 1's read loop every 16 tokens (off the
@@ -41,14 +50,20 @@
  *      is the time the appends took (most threads): what storing that many
  *      positions costs in each scheme;
  *   5. section 3 again after converting the matmul weights to q8 blocks
- *      (model_quantize, what -wq q8 does), beside the stored-weights speed.
- * Decode rows give the roofline ratio: bytes read per token x tok/s divided
+ *      (model_quantize, what -wq q8 does), beside the stored-weights speed;
+ *   6. for a hybrid: the delta rule alone (model_delta_rule, one layer's
+ *      recurrence), per layer-token with the state from memory as in
+ *      decode, in cache, and over a prefill chunk, in µs, GB/s of state
+ *      read and written, GFLOP/s, and its share of sections 3's and 2's time.
+ * Decode rows give the roofline ratio: bytes moved per token x tok/s divided
  * by the measured bandwidth at that thread count (section 1's, and for
  * sections 3 and 5 also the passes between tokens), where bytes per token =
  * every matmul weight incl. lm_head in its dtype (a tied model reads
  * its embedding matrix once per token as lm_head) + the KV cache, the
- * scheme's bytes per vector x mean positions x layers x kv heads x 2 (K, V).
- * 1.0 means decode streams memory as fast as a plain read loop does.
+ * scheme's bytes per vector x mean positions x full-attention layers x kv
+ * heads x 2 (K, V) + a hybrid's recurrent state (S and the conv windows,
+ * f32), read and written once a token. 1.0 means decode streams memory as
+ * fast as a plain read loop does.
  *
  * Thread counts: model_load sizes per-thread attention scratch from
  * omp_get_max_threads(), and a forward run with more threads than that
@@ -140,19 +155,23 @@ static float sum_plain(const float *a, size_t n) {
     return s0 + s1 + s2 + s3;
 }
 
-/* Read GB/s of one pass over the whole array with t threads. */
-static double bw_pass(const float *a, int t) {
+/* Reads the first n floats of a (a multiple of 16384) with t threads. */
+static void read_floats(const float *a, size_t n, int t) {
     float (*sum)(const float *, size_t) = __builtin_cpu_supports("avx512f") ? sum_avx512
                                           : __builtin_cpu_supports("avx2") ? sum_avx2 : sum_plain;
     static volatile float sink; /* keeps the sums from being optimised away */
-    double t0 = now();
     float s = 0;
     /* contiguous 64 KiB blocks per thread, as a static schedule gives */
 #pragma omp parallel for num_threads(t) schedule(static) reduction(+ : s)
-    for (size_t b = 0; b < BW_FLOATS / 16384; b++) s += sum(a + b * 16384, 16384);
-    double gbps = BW_FLOATS * sizeof(float) / (now() - t0) / 1e9;
+    for (size_t b = 0; b < n / 16384; b++) s += sum(a + b * 16384, 16384);
     sink = sink + s;
-    return gbps;
+}
+
+/* Read GB/s of one pass over the whole array with t threads. */
+static double bw_pass(const float *a, int t) {
+    double t0 = now();
+    read_floats(a, BW_FLOATS, t);
+    return BW_FLOATS * sizeof(float) / (now() - t0) / 1e9;
 }
 
 /* Best of 5 passes. */
@@ -232,21 +251,56 @@ static double weight_bytes(const Weight *w) {
     return (double)w->rows * w->cols * (dtype_size(w->dtype) + (w->dtype >= DT_Q8 ? 4.0 / 32 : 0));
 }
 
-/* Matmul weight bytes of the decoder layers (params when bytes = 0). */
+/* Matmul weight bytes of the decoder layers (params when bytes = 0): each
+ * layer's attention or Gated DeltaNet projections, and its MLP. */
 static double layers_size(const Model *m, int bytes) {
     double s = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const Layer *L = &m->layers[l];
-        const Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
-        for (int i = 0; i < 7; i++) s += bytes ? weight_bytes(w[i]) : (double)w[i]->rows * w[i]->cols;
+        const Weight *attn[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+        const Weight *gdn[] = {&L->w_qkv, &L->w_z, &L->w_b, &L->w_a, &L->w_out, &L->wg, &L->wu, &L->wd};
+        const Weight *const *w = L->gdn ? gdn : attn;
+        for (int i = 0; i < (L->gdn ? 8 : 7); i++) s += bytes ? weight_bytes(w[i]) : (double)w[i]->rows * w[i]->cols;
     }
     return s;
 }
 
+/* K and V bytes per cached position: only full-attention layers cache them. */
 static double kv_bytes_per_position(const Model *m, const KVSpec *sp) {
     const Config *c = &m->cfg;
     double k = sp->k->bits(c->head_dim, &sp->ko) * c->head_dim / 8, v = sp->v->bits(c->head_dim, &sp->vo) * c->head_dim / 8;
-    return (k + v) * c->n_layers * c->n_kv_heads;
+    return (k + v) * (c->n_layers - c->n_gdn) * c->n_kv_heads;
+}
+
+/* Bytes of recurrent state a decode step moves: every Gated DeltaNet
+ * layer's S [Hv, dk, dv] and conv window [K-1, conv_dim], f32, read and
+ * written once per token (0 for Qwen3). */
+static double state_bytes_per_token(const Model *m) { return 2.0 * (double)m->state_floats * sizeof(float); }
+
+/* FLOPs of one n-token prefill from an empty cache, 2 per multiply-add:
+ * the decoder matmuls (2 x params x n), causal attention in the full layers
+ * (q.k and p.v over hd: 2 x Lfull x nH x hd x n(n+1)), and the delta rule
+ * in the Gated DeltaNet layers (u = S^T k, S += k delta^T and o = S^T q,
+ * three multiply-adds per state element: 6 x Lgdn x Hv x dk x dv x n).
+ * Not counted: lm_head (run for the last token only), norms, RoPE, the
+ * conv, the gates, and the decay that scales S (one multiply per element). */
+static double prefill_flops(const Model *m, int n, double *matmuls, double *attn, double *rule) {
+    const Config *c = &m->cfg;
+    *matmuls = 2 * layers_size(m, 0) * n;
+    *attn = 2.0 * (c->n_layers - c->n_gdn) * c->n_heads * c->head_dim * n * (n + 1.0);
+    *rule = 6.0 * c->n_gdn * c->lin_v_heads * c->lin_k_dim * c->lin_v_dim * n;
+    return *matmuls + *attn + *rule;
+}
+
+/* Ids below this are ordinary tokens: the special ones (bos, end of text,
+ * and above them Qwen3.5's image and video placeholders, which a forward
+ * refuses) start at the lowest of bos and the eos ids. */
+static int ordinary_ids(const Config *c) {
+    int v = c->vocab_size;
+    if (c->bos_id > 0 && c->bos_id < v) v = c->bos_id;
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] > 0 && c->eos_ids[i] < v) v = c->eos_ids[i];
+    return v;
 }
 
 static void forward(Model *m, KVCache *kv, const int *tok, int n, float *logits) {
@@ -280,7 +334,7 @@ static double decode_tps(Model *m, KVCache *kv, const int *tok, float *logits, c
         for (int s = 0; s < DECODE; s += BW_EVERY) {
             double t0 = now();
             for (int k = s; k < s + BW_EVERY && k < DECODE; k++) {
-                int x = argmax(logits, m->cfg.vocab_size);
+                int x = argmax(logits, ordinary_ids(&m->cfg));
                 forward(m, kv, &x, 1, logits);
             }
             busy += now() - t0;
@@ -312,6 +366,93 @@ static void kv_fill(KVCache *kv, int n, const float *kpool, const float *vpool, 
         /* offset per stream so that no two streams hold the same sequence */
         for (int t = 0; t < n; t++) kv_stream_append(st, pool + (size_t)((t + s * 997) % POOL) * d);
     }
+}
+
+/* ---- the delta rule alone ---- */
+
+#define RULE_TOKENS 256                  /* tokens per call in the prefill case: one forward chunk */
+#define RULE_REPS 5
+#define RULE_HOT 64                      /* calls per pass with the state in cache */
+#define EVICT_FLOATS ((size_t)64 << 20)  /* 256 MB read before each step from memory */
+
+/* Section 6: model_delta_rule, the Gated DeltaNet recurrence, alone on
+ * random inputs (its time does not depend on the values), for one token
+ * with each layer's state coming from memory as in decode (256 MB read
+ * before each step, off the clock, as 1.5 GB of weights pass between two
+ * steps of a layer), one token with the state in cache, and a chunk of
+ * RULE_TOKENS tokens as prefill runs it. decode_tps and prefill_s are
+ * sections 3's and 2's, for the share of the model's time. */
+static void delta_rule_section(Model *models, const int *threads, int nt, const float *a, const double *fpeak,
+                               const double *decode_tps, const double *prefill_s) {
+    const Config *c = &models[0].cfg;
+    const int hv = c->lin_v_heads, vd = hv * c->lin_v_dim, conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + vd;
+    const size_t per = (size_t)hv * c->lin_k_dim * c->lin_v_dim; /* S floats per layer */
+    /* per layer-token: S read and written once, three multiply-adds per element */
+    const double bytes = 2.0 * per * sizeof(float), flops = 6.0 * per;
+    float *mix = malloc((size_t)RULE_TOKENS * conv_dim * sizeof(float)), *z = malloc((size_t)RULE_TOKENS * vd * sizeof(float));
+    float *y = malloc((size_t)RULE_TOKENS * vd * sizeof(float)), *gb = malloc((size_t)RULE_TOKENS * hv * sizeof(float));
+    float *ga = malloc((size_t)RULE_TOKENS * hv * sizeof(float)), *S = calloc((size_t)c->n_gdn * per, sizeof(float));
+    int *gl = malloc((size_t)c->n_gdn * sizeof(int)), ng = 0;
+    if (!mix || !z || !y || !gb || !ga || !S || !gl) fail("delta rule", "out of memory");
+    for (size_t i = 0; i < (size_t)RULE_TOKENS * conv_dim; i++) mix[i] = gauss();
+    for (size_t i = 0; i < (size_t)RULE_TOKENS * vd; i++) z[i] = gauss();
+    for (size_t i = 0; i < (size_t)RULE_TOKENS * hv; i++) gb[i] = gauss(), ga[i] = gauss();
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->gdn[l]) gl[ng++] = l;
+    printf("\n## The delta rule alone (model_delta_rule: one Gated DeltaNet layer's recurrence, %d value heads of\n"
+           "S [%d, %d] f32, best of %d)\n\n"
+           "per layer-token: S read and written once (%.2f MB), 6 x Hv x dk x dv = %.2f MFLOP. \"decode, from memory\":\n"
+           "one token per call, the %d layers' states in turn, %d MB read (off the clock) before each step as the\n"
+           "weights stream between two steps of a layer; \"decode, in cache\": one layer's step %d times; \"prefill\":\n"
+           "%d tokens per call (one forward chunk). The last column: x %d layers against section 3's time per\n"
+           "token or section 2's prefill\n\n"
+           "| threads | case | µs per layer-token | state GB/s | GFLOP/s | of FMA peak | x %d layers, of the model's time |\n"
+           "|---:|---|---:|---:|---:|---:|---|\n",
+           hv, c->lin_k_dim, c->lin_v_dim, RULE_REPS, bytes / 1e6, flops / 1e6, ng,
+           (int)(EVICT_FLOATS * sizeof(float) >> 20), RULE_HOT, RULE_TOKENS, ng, ng);
+    for (int i = 0; i < nt; i++) {
+        omp_set_num_threads(threads[i]);
+        Model *m = &models[i];
+        const Layer *L0 = &m->layers[gl[0]];
+        /* warm-up: touches every state page once */
+        for (int g = 0; g < ng; g++) model_delta_rule(m, &m->layers[gl[g]], S + g * per, mix, gb, ga, z, y, 1);
+        double cold = 1e30, hot = 1e30, pre = 1e30;
+        for (int rep = 0; rep < RULE_REPS; rep++) {
+            double busy = 0;
+            for (int g = 0; g < ng; g++) {
+                read_floats(a, EVICT_FLOATS, threads[i]);
+                const double t0 = now();
+                model_delta_rule(m, &m->layers[gl[g]], S + g * per, mix, gb, ga, z, y, 1);
+                busy += now() - t0;
+            }
+            cold = busy / ng < cold ? busy / ng : cold;
+            double t0 = now();
+            for (int k = 0; k < RULE_HOT; k++) model_delta_rule(m, L0, S, mix, gb, ga, z, y, 1);
+            const double h = (now() - t0) / RULE_HOT;
+            hot = h < hot ? h : hot;
+            t0 = now();
+            model_delta_rule(m, L0, S, mix, gb, ga, z, y, RULE_TOKENS);
+            const double p = (now() - t0) / RULE_TOKENS;
+            pre = p < pre ? p : pre;
+        }
+        const char *name[] = {"decode, from memory", "decode, in cache", "prefill"};
+        const double sec[] = {cold, hot, pre};
+        for (int k = 0; k < 3; k++) {
+            printf("| %d | %s | %.1f | %.1f | %.1f | ", threads[i], name[k], sec[k] * 1e6, bytes / sec[k] / 1e9,
+                   flops / sec[k] / 1e9);
+            if (fpeak[i] > 0) printf("%.0f%% | ", 100 * flops / sec[k] / 1e9 / fpeak[i]);
+            else printf("- | ");
+            if (k == 0)
+                printf("%.2f of %.1f ms a token (%.0f%%) |\n", ng * sec[k] * 1e3, 1e3 / decode_tps[i],
+                       100 * ng * sec[k] * decode_tps[i]);
+            else if (k == 2)
+                printf("%.2f of %.2f s for %d tokens (%.0f%%) |\n", ng * sec[k] * PREFILL, prefill_s[i], PREFILL,
+                       100 * ng * sec[k] * PREFILL / prefill_s[i]);
+            else printf("- |\n");
+        }
+        fflush(stdout);
+    }
+    free(mix), free(z), free(y), free(gb), free(ga), free(S), free(gl);
 }
 
 static int parse_list(const char *s, int *out) {
@@ -349,18 +490,19 @@ static void print_load(const char *when) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: bench MODEL_DIR [--threads 1,2] [--ctx 8192,32768] [--kv f16,q8,q4,tbq4]\n");
+    fprintf(stderr, "usage: bench MODEL_DIR [--threads 1,2] [--ctx 8192,32768] [--kv f16,q8,q4,tbq4] [--vs DIR]\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
     int threads[MAX_LIST] = {1, 2}, nt = 2, ctxs[MAX_LIST] = {8192, 32768}, nc = 2;
-    const char *dir = NULL, *kv_list = "f16,q8,q4,tbq4";
+    const char *dir = NULL, *kv_list = "f16,q8,q4,tbq4", *vs_dir = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
         if (strcmp(argv[i], "--threads") == 0) nt = parse_list(v, threads), i++;
         else if (strcmp(argv[i], "--ctx") == 0) nc = parse_list(v, ctxs), i++;
         else if (strcmp(argv[i], "--kv") == 0) kv_list = v, i++;
+        else if (strcmp(argv[i], "--vs") == 0 && *v) vs_dir = v, i++;
         else if (argv[i][0] != '-' && !dir) dir = argv[i];
         else return usage();
         if (nt < 1 || nc < 1) return usage();
@@ -408,18 +550,26 @@ int main(int argc, char **argv) {
            kernels_isa(), wait ? wait : "unset");
     print_load("at start");
 
-    Model models[MAX_LIST];
+    Model models[MAX_LIST], vs_models[MAX_LIST];
     for (int i = 0; i < nt; i++) {
         omp_set_num_threads(threads[i]);
         if (model_load(&models[i], dir, 0, err, sizeof err)) fail(dir, err);
+        if (vs_dir && model_load(&vs_models[i], vs_dir, 0, err, sizeof err)) fail(vs_dir, err);
     }
     Model *m = &models[0];
     const Config *c = &m->cfg;
     const double wbytes = layers_size(m, 1) + weight_bytes(&m->lm_head), params = layers_size(m, 0);
+    const double sbytes = state_bytes_per_token(m);
     printf("model: %d layers, hidden %d, heads %d/%d x %d, ffn %d, vocab %d, %s; %.3f G decoder matmul params, "
-           "%.3f GB of weights read per decoded token (matmuls + lm_head)\n\n",
+           "%.3f GB of weights read per decoded token (matmuls + lm_head)\n",
            c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn, c->vocab_size,
            c->tie_embeddings ? "tied embeddings" : "untied lm_head", params / 1e9, wbytes / 1e9);
+    if (c->n_gdn)
+        printf("hybrid: %d Gated DeltaNet layers (%d/%d heads x %d/%d, conv %d) and %d full-attention layers (the only "
+               "ones with a KV cache); %.1f MB of recurrent state (f32), read and written per decoded token\n",
+               c->n_gdn, c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim, c->conv_k, c->n_layers - c->n_gdn,
+               sbytes / 2 / 1e6);
+    printf("\n");
 
     /* 1. bandwidth; first touch in parallel spreads the pages like the reads.
      * In 2 MB pages where the kernel grants them, as model_load puts the
@@ -458,9 +608,9 @@ int main(int argc, char **argv) {
         }
     }
 
-    /* token ids: random ordinary tokens (below the special ids, which start at bos) */
-    int vmax = c->bos_id > 0 && c->bos_id < c->vocab_size ? c->bos_id : c->vocab_size;
-    int tok[PREFILL];
+    /* token ids: random ordinary tokens (of both models with --vs) */
+    int vmax = ordinary_ids(c), tok[PREFILL];
+    if (vs_dir && ordinary_ids(&vs_models[0].cfg) < vmax) vmax = ordinary_ids(&vs_models[0].cfg);
     for (int i = 0; i < PREFILL; i++) tok[i] = (int)(next_u64() % (unsigned long long)vmax);
     float *logits = malloc((size_t)c->vocab_size * sizeof(float));
     KVCache kv;
@@ -471,23 +621,43 @@ int main(int argc, char **argv) {
     omp_set_num_threads(threads[0]);
     forward(m, &kv, tok, 1, logits);
 
-    /* 2. prefill */
-    const double attn_flops = 2.0 * c->n_layers * c->n_heads * c->head_dim * PREFILL * (PREFILL + 1.0);
-    const double flops = 2 * params * PREFILL + attn_flops;
-    printf("\n## Prefill, %d tokens in one model_forward, f16 KV (best of %d)\n\n"
-           "GFLOP per run = 2 x %.3f G params x %d + attention 2 x L x nH x hd x n(n+1) = %.1f + %.1f = %.1f\n\n"
-           "| threads | s | tok/s | GFLOP/s | FMA peak GFLOP/s | of FMA peak |\n|---:|---:|---:|---:|---:|---:|\n",
-           PREFILL, PREFILL_REPS, params / 1e9, PREFILL, 2 * params * PREFILL / 1e9, attn_flops / 1e9, flops / 1e9);
-    double prefill_s[MAX_LIST];
+    /* 2. prefill (and --vs's model, its runs taken in turn with these, so
+     * that the host's load falls on both alike) */
+    double mm_flops, attn_flops, rule_flops;
+    const double flops = prefill_flops(m, PREFILL, &mm_flops, &attn_flops, &rule_flops);
+    printf("\n## Prefill, %d tokens in one model_forward, f16 KV (best of %d)\n\n", PREFILL, PREFILL_REPS);
+    if (c->n_gdn)
+        printf("GFLOP per run = 2 x %.3f G params x %d + attention 2 x Lfull x nH x hd x n(n+1) + delta rule 6 x Lgdn x "
+               "Hv x dk x dv x n\n= %.1f + %.1f + %.1f = %.1f\n\n",
+               params / 1e9, PREFILL, mm_flops / 1e9, attn_flops / 1e9, rule_flops / 1e9, flops / 1e9);
+    else
+        printf("GFLOP per run = 2 x %.3f G params x %d + attention 2 x L x nH x hd x n(n+1) = %.1f + %.1f = %.1f\n\n",
+               params / 1e9, PREFILL, mm_flops / 1e9, attn_flops / 1e9, flops / 1e9);
+    printf("| threads | s | tok/s | GFLOP/s | FMA peak GFLOP/s | of FMA peak |\n|---:|---:|---:|---:|---:|---:|\n");
+    double prefill_s[MAX_LIST], vs_s[MAX_LIST];
+    KVCache vs_kv;
+    KVSpec vs_sp;
+    if (vs_dir) {
+        kv_open(&vs_models[0], &vs_kv, "f16", PREFILL, &vs_sp);
+        omp_set_num_threads(threads[0]);
+        forward(&vs_models[0], &vs_kv, tok, 1, logits);
+    }
     for (int i = 0; i < nt; i++) {
         omp_set_num_threads(threads[i]);
         double best = 1e30;
+        vs_s[i] = 1e30;
         for (int rep = 0; rep < PREFILL_REPS; rep++) {
             kv_cache_truncate(&kv, 0);
             double t0 = now();
             forward(&models[i], &kv, tok, PREFILL, logits);
             double dt = now() - t0;
             best = dt < best ? dt : best;
+            if (!vs_dir) continue;
+            kv_cache_truncate(&vs_kv, 0);
+            t0 = now();
+            forward(&vs_models[i], &vs_kv, tok, PREFILL, logits);
+            dt = now() - t0;
+            vs_s[i] = dt < vs_s[i] ? dt : vs_s[i];
         }
         prefill_s[i] = best;
         /* the peak again: the higher of this and section 1b's is the peak,
@@ -502,7 +672,6 @@ int main(int argc, char **argv) {
         else printf("- | - |\n");
         fflush(stdout);
     }
-
     /* 2b. prefill with bf16 inputs, on a second load of the checkpoint
      * relaid for them (one thread count at a time: 1.2 GB each) */
     if (has_bf16) {
@@ -538,16 +707,41 @@ int main(int argc, char **argv) {
         }
     }
 
+    /* 2c. against --vs: the two shapes need different FLOPs per token, so
+     * they compare by tok/s x GFLOP per token, the GFLOP/s each turns into
+     * tokens */
+    if (vs_dir) {
+        double vmm, vattn, vrule;
+        const double vflops = prefill_flops(&vs_models[0], PREFILL, &vmm, &vattn, &vrule);
+        printf("\n## Prefill per FLOP against %s (its runs taken in turn with the ones above)\n\n"
+               "GFLOP per token = the FLOPs of the %d-token run above / %d\n\n"
+               "| model | threads | GFLOP per token | tok/s | tok/s x GFLOP per token (GFLOP/s) | vs %s |\n"
+               "|---|---:|---:|---:|---:|---:|\n", vs_dir, PREFILL, PREFILL, vs_dir);
+        for (int i = 0; i < nt; i++) {
+            printf("| %s | %d | %.3f | %.1f | %.1f | %.2fx |\n", dir, threads[i], flops / PREFILL / 1e9,
+                   PREFILL / prefill_s[i], flops / prefill_s[i] / 1e9, vs_s[i] / prefill_s[i] * flops / vflops);
+            printf("| %s | %d | %.3f | %.1f | %.1f | 1.00x |\n", vs_dir, threads[i], vflops / PREFILL / 1e9,
+                   PREFILL / vs_s[i], vflops / vs_s[i] / 1e9);
+        }
+        fflush(stdout);
+        kv_cache_free(&vs_kv);
+        for (int i = 0; i < nt; i++) model_free(&vs_models[i]);
+    }
+
     /* 3. decode at short context */
     const double kvpos_f16 = kv_bytes_per_position(m, &sp);
-    const double short_bytes = wbytes + kvpos_f16 * (PROMPT + (DECODE + 1) / 2.0);
+    const double short_bytes = wbytes + sbytes + kvpos_f16 * (PROMPT + (DECODE + 1) / 2.0);
+    /* the recurrent state's term, for a hybrid */
+    char state_txt[96] = "";
+    if (c->n_gdn) snprintf(state_txt, sizeof state_txt, " + %.3f GB of recurrent state (read + written)", sbytes / 1e9);
     printf("\n## Decode, %d tokens after a %d-token prompt, f16 KV (best of %d)\n\n"
-           "bytes per token = %.3f GB weights + f16 KV at the mean %.0f positions = %.3f GB; roofline against\n"
+           "bytes per token = %.3f GB weights%s + f16 KV at the mean %.0f positions = %.3f GB; roofline against\n"
            "the bandwidth above, and against the median of the read passes taken between the run's tokens\n"
            "(one every %d, off the clock)\n\n"
            "| threads | tok/s | ms/token | roofline | read GB/s between tokens | roofline, same |\n"
            "|---:|---:|---:|---:|---:|---:|\n",
-           DECODE, PROMPT, DECODE_REPS, wbytes / 1e9, PROMPT + (DECODE + 1) / 2.0, short_bytes / 1e9, BW_EVERY);
+           DECODE, PROMPT, DECODE_REPS, wbytes / 1e9, state_txt, PROMPT + (DECODE + 1) / 2.0, short_bytes / 1e9,
+           BW_EVERY);
     double stored_tps[MAX_LIST];
     for (int i = 0; i < nt; i++) {
         omp_set_num_threads(threads[i]);
@@ -567,9 +761,9 @@ int main(int argc, char **argv) {
     printf("\n## Decode at long context: cache filled to CTX positions, then 1 + N single-token steps (best of %d\n"
            "passes, each scheme's taken in turn with the others')\n\n"
            "KV GB/token = the scheme's bytes per vector x mean positions x %d layers x %d kv heads x 2; "
-           "roofline adds %.3f GB of weights\n\n"
+           "roofline adds %.3f GB of weights%s\n\n"
            "| ctx | kv | threads | tok/s | vs f16 | KV GB/token | roofline | fill s |\n|---:|---|---:|---:|---:|---:|---:|---:|\n",
-           LONG_REPS, c->n_layers, c->n_kv_heads, wbytes / 1e9);
+           LONG_REPS, c->n_layers - c->n_gdn, c->n_kv_heads, wbytes / 1e9, state_txt);
     for (int ci = 0; ci < nc; ci++) {
         const int ctx = ctxs[ci], steps = ctx <= 8192 ? 32 : 16;
         /* every scheme's cache filled first, then the passes taken in turn
@@ -594,7 +788,7 @@ int main(int argc, char **argv) {
                     forward(&models[i], &kvs[k], &x, 1, logits);
                     const double t0 = now();
                     for (int st = 0; st < steps; st++) {
-                        x = argmax(logits, c->vocab_size);
+                        x = argmax(logits, ordinary_ids(c));
                         forward(&models[i], &kvs[k], &x, 1, logits);
                     }
                     const double r = steps / (now() - t0);
@@ -610,7 +804,7 @@ int main(int argc, char **argv) {
                 char vs[32] = "-";
                 if (f16 >= 0) snprintf(vs, sizeof vs, "%.2fx", tps[k][i] / tps[f16][i]);
                 printf("| %d | %s | %d | %.2f | %s | %.3f | %.2f | ", ctx, names[k], threads[i], tps[k][i], vs, kvb / 1e9,
-                       (wbytes + kvb) * tps[k][i] / 1e9 / bw[i]);
+                       (wbytes + sbytes + kvb) * tps[k][i] / 1e9 / bw[i]);
                 if (i == 0) printf("%.1f |\n", fill_s[k]);
                 else printf(" |\n");
             }
@@ -627,21 +821,23 @@ int main(int argc, char **argv) {
         omp_set_num_threads(threads[i]);
         if (model_quantize(&models[i], MODEL_MAIN, err, sizeof err)) fail("-wq q8", err);
         const double convert_s = now() - t0;
-        const double qbytes = layers_size(&models[i], 1) + weight_bytes(&models[i].lm_head) +
+        const double qbytes = layers_size(&models[i], 1) + weight_bytes(&models[i].lm_head) + sbytes +
                               kvpos_f16 * (PROMPT + (DECODE + 1) / 2.0);
         if (i == 0)
             printf("\n## Decode with q8 weights (-wq q8), as in the short-context table\n\n"
-                   "bytes per token = %.3f GB (8 bits + an f32 scale per 32 weights, and the KV); \"convert s\" is\n"
+                   "bytes per token = %.3f GB (8 bits + an f32 scale per 32 weights, and the KV%s); \"convert s\" is\n"
                    "the conversion at load with that many threads\n\n"
                    "| threads | convert s | tok/s | ms/token | vs stored weights | roofline | roofline, reads between tokens |\n"
                    "|---:|---:|---:|---:|---:|---:|---:|\n",
-                   qbytes / 1e9);
+                   qbytes / 1e9, c->n_gdn ? " and the state" : "");
         double near = 0, tps = decode_tps(&models[i], &kv, tok, logits, a, threads[i], &near);
         printf("| %d | %.2f | %.2f | %.1f | %.2fx | %.2f | %.2f |\n", threads[i], convert_s, tps, 1e3 / tps,
                tps / stored_tps[i], qbytes * tps / 1e9 / bw[i], qbytes * tps / 1e9 / near);
         fflush(stdout);
     }
     kv_cache_free(&kv);
+    /* 6. the delta rule alone */
+    if (c->n_gdn) delta_rule_section(models, threads, nt, a, fpeak, stored_tps, prefill_s);
     printf("\n");
     print_load("at end");
     free(kpool), free(vpool), free(logits), free(a);

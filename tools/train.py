@@ -289,12 +289,14 @@ def bf16_bytes(t):
     return t.detach().to(torch.bfloat16).view(torch.int16).numpy().astype("<i2").tobytes()
 
 
-def write_safetensors(path, tensors):
-    """tensors: name -> float tensor; stored as BF16 (round to nearest even)."""
+def write_safetensors(path, tensors, f32=()):
+    """tensors: name -> float tensor; stored as BF16 (round to nearest even), or F32 for names in f32."""
     header, blobs, off = {}, [], 0
     for name in sorted(tensors):
-        b = bf16_bytes(tensors[name].contiguous())
-        header[name] = {"dtype": "BF16", "shape": list(tensors[name].shape), "data_offsets": [off, off + len(b)]}
+        t = tensors[name].detach().contiguous()
+        b = t.float().numpy().astype("<f4").tobytes() if name in f32 else bf16_bytes(t)
+        header[name] = {"dtype": "F32" if name in f32 else "BF16", "shape": list(t.shape),
+                        "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
     header["__metadata__"] = {"format": "pt"}
