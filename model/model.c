@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "attn/attn.h"
 #include "format/quote.h"
+#include "kernels/deltanet.h"
 #include "kernels/ops.h"
 
 #include <math.h>
@@ -598,6 +599,9 @@ static void rope_tables(Model *m, int pos, int n) {
  * team costs microseconds, about what normalising a few rows costs
  * (docs/kernel-notes.md#row-loop-threads). */
 #define PAR_MIN 32768
+/* the GDN conv: channels per block, and the widest kernel it takes */
+#define CONV_CH 64
+#define CONV_MAX_K 64
 
 /* Attention on the normed xb [n, H]; its output [n, H] replaces xb. K and V
  * go to layer cl of kv. Gated (Qwen3.5): q_proj gives each head [query |
@@ -668,51 +672,53 @@ static void attn_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
 /* softplus as torch computes it: x itself past 20, where log1p(e^x) = x in f32. */
 static float softplus(float x) { return x > 20 ? x : log1pf(expf(x)); }
 
-/* The recurrence of gdn_forward (below) for n tokens, in parallel over
- * value heads: each thread keeps its heads' S [dk, dv] (64 KB at dk = dv =
- * 128) in its own cache across the tokens. */
-void model_delta_rule(const Model *m, const Layer *L, float *S0, const float *mix, const float *gb, const float *ga,
-                      const float *z0, float *y, int n) {
+/* The recurrence of gdn_forward (below) for n tokens. First, per token, the
+ * inputs in place: q and k of every key head L2-normed (q times dk^-1/2),
+ * gb -> beta and ga -> alpha per value head. Then kernels/deltanet.c on
+ * every (value head, 64-column tile of its state) in parallel, each tile
+ * taking all n tokens in order; then each head's output through the gated
+ * RMSNorm into y. */
+void model_delta_rule(const Model *m, const Layer *L, float *S0, float *mix, float *gb, float *ga, const float *z0,
+                      float *y, int n) {
     const Config *c = &m->cfg;
     const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
-    const int r = hv / hk, vd = hv * dv, conv_dim = 2 * hk * dk + vd;
+    const int r = hv / hk, vd = hv * dv, conv_dim = 2 * hk * dk + vd, tiles = (dv + 63) / 64;
     const float eps = (float)c->eps, qscale = 1.0f / sqrtf((float)dk);
-#pragma omp parallel for schedule(static)
-    for (int j = 0; j < hv; j++) {
-        const int h = j / r;
-        float *S = S0 + (size_t)j * dk * dv;
-        float qn[KV_MAX_DIM * 2], kn[KV_MAX_DIM * 2], u[KV_MAX_DIM * 2];
-        for (int t = 0; t < n; t++) {
-            const float *cv = mix + (size_t)t * conv_dim;
-            const float *q = cv + (size_t)h * dk, *k = cv + (size_t)hk * dk + (size_t)h * dk;
-            const float *v = cv + 2 * (size_t)hk * dk + (size_t)j * dv;
-            /* L2 norm: a sum with 1e-6 inside, as Hugging Face's l2norm */
-            float sq = 0, sk = 0;
+#pragma omp parallel for schedule(static) if (n * conv_dim >= PAR_MIN)
+    for (int t = 0; t < n; t++) {
+        float *cv = mix + (size_t)t * conv_dim;
+        /* L2 norm: a sum with 1e-6 inside, as Hugging Face's l2norm */
+        for (int h = 0; h < hk; h++) {
+            float *q = cv + (size_t)h * dk, *k = cv + (size_t)(hk + h) * dk, sq = 0, sk = 0;
             for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
             const float fq = qscale / sqrtf(sq + 1e-6f), fk = 1.0f / sqrtf(sk + 1e-6f);
-            for (int i = 0; i < dk; i++) qn[i] = q[i] * fq, kn[i] = k[i] * fk;
-            const float beta = 1.0f / (1.0f + expf(-gb[(size_t)t * hv + j]));
-            const float alpha = expf(L->a_neg[j] * softplus(ga[(size_t)t * hv + j] + L->dt_bias[j]));
-            /* S <- alpha S and u = S^T k in one pass over S [dk, dv] */
-            for (int e = 0; e < dv; e++) u[e] = 0;
-            for (int i = 0; i < dk; i++) {
-                float *row = S + (size_t)i * dv;
-                for (int e = 0; e < dv; e++) row[e] *= alpha, u[e] += row[e] * kn[i];
-            }
-            /* delta = beta (v - u); S += k delta^T and o = S^T q in one pass */
-            float *o = y + (size_t)t * vd + (size_t)j * dv;
-            for (int e = 0; e < dv; e++) u[e] = beta * (v[e] - u[e]), o[e] = 0;
-            for (int i = 0; i < dk; i++) {
-                float *row = S + (size_t)i * dv;
-                for (int e = 0; e < dv; e++) row[e] += kn[i] * u[e], o[e] += row[e] * qn[i];
-            }
-            /* gated RMSNorm over the head: plain weight, times silu(z) */
-            float ss = 0;
-            for (int e = 0; e < dv; e++) ss += o[e] * o[e];
-            const float inv = 1.0f / sqrtf(ss / dv + eps);
-            const float *z = z0 + (size_t)t * vd + (size_t)j * dv;
-            for (int e = 0; e < dv; e++) o[e] = L->gnorm[e] * (o[e] * inv) * (z[e] / (1.0f + expf(-z[e])));
+            for (int i = 0; i < dk; i++) q[i] *= fq, k[i] *= fk;
         }
+        for (int j = 0; j < hv; j++) {
+            float *b = gb + (size_t)t * hv + j, *a = ga + (size_t)t * hv + j;
+            *b = 1.0f / (1.0f + expf(-*b));
+            *a = expf(L->a_neg[j] * softplus(*a + L->dt_bias[j]));
+        }
+    }
+    /* value head j reads key head j / r */
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int j = 0; j < hv; j++)
+        for (int tile = 0; tile < tiles; tile++) {
+            const int h = j / r, e0 = tile * 64, e1 = e0 + 64 < dv ? e0 + 64 : dv;
+            DeltaRule a = {.q = mix + (size_t)h * dk, .k = mix + (size_t)(hk + h) * dk,
+                           .v = mix + 2 * (size_t)hk * dk + (size_t)j * dv, .alpha = ga + j, .beta = gb + j,
+                           .o = y + (size_t)j * dv, .ld_qk = conv_dim, .ld_v = conv_dim, .ld_ab = hv, .ld_o = vd,
+                           .n = n, .dk = dk, .dv = dv};
+            deltanet_cols(S0 + (size_t)j * dk * dv, &a, e0, e1);
+        }
+    /* gated RMSNorm over each head: plain weight, times silu(z) */
+#pragma omp parallel for schedule(static) if (n * vd >= PAR_MIN)
+    for (int tj = 0; tj < n * hv; tj++) {
+        float *o = y + (size_t)tj * dv, ss = 0;
+        const float *z = z0 + (size_t)tj * dv;
+        for (int e = 0; e < dv; e++) ss += o[e] * o[e];
+        const float inv = 1.0f / sqrtf(ss / dv + eps);
+        for (int e = 0; e < dv; e++) o[e] = L->gnorm[e] * (o[e] * inv) * (z[e] / (1.0f + expf(-z[e])));
     }
 }
 
@@ -738,19 +744,35 @@ static void gdn_forward(Model *m, const Layer *L, float *state, int n) {
     float *out[] = {s->mix, s->z, s->gb, s->ga};
     const Weight *w[] = {&L->w_qkv, &L->w_z, &L->w_b, &L->w_a};
     matmul_multi(out, w, 4, s->xb, n);
-    /* the causal depthwise conv, channel by channel along the tokens: each
-     * channel's window is its last K-1 inputs (win, oldest first), tap K-1
-     * multiplies the current one; mix [n, conv_dim] becomes silu(conv) */
+    /* the causal depthwise conv over blocks of CONV_CH channels: mix [n,
+     * conv_dim] becomes silu(conv) in place, last token first, so that the
+     * inputs a token reads (its own and the K-1 before it, from the window
+     * win [K-1, conv_dim] of the previous call where t - j < 0) are still
+     * there; the window's next value is taken before anything is
+     * overwritten. Tap K-1 multiplies the current input, the sum runs from
+     * the oldest input to it. */
 #pragma omp parallel for schedule(static) if (n * conv_dim >= PAR_MIN)
-    for (int ch = 0; ch < conv_dim; ch++) {
-        const float *tap = L->conv + (size_t)ch * K;
-        for (int t = 0; t < n; t++) {
-            float *x = s->mix + (size_t)t * conv_dim + ch, cur = *x, acc = 0;
-            for (int j = 0; j < K - 1; j++) acc += tap[j] * win0[(size_t)j * conv_dim + ch];
-            acc += tap[K - 1] * cur;
-            for (int j = 0; j + 1 < K - 1; j++) win0[(size_t)j * conv_dim + ch] = win0[(size_t)(j + 1) * conv_dim + ch];
-            if (K > 1) win0[(size_t)(K - 2) * conv_dim + ch] = cur;
-            *x = acc / (1.0f + expf(-acc));
+    for (int c0 = 0; c0 < conv_dim; c0 += CONV_CH) {
+        const int w = conv_dim - c0 < CONV_CH ? conv_dim - c0 : CONV_CH;
+        float tap[CONV_MAX_K][CONV_CH], old[CONV_MAX_K][CONV_CH];
+        for (int j = 0; j < K; j++)
+            for (int ch = 0; ch < w; ch++) tap[j][ch] = L->conv[(size_t)(c0 + ch) * K + j];
+        for (int j = 0; j < K - 1; j++) memcpy(old[j], win0 + (size_t)j * conv_dim + c0, (size_t)w * sizeof(float));
+        for (int j = 0; j < K - 1; j++) {
+            const int tau = n - (K - 1) + j; /* the input that becomes window row j */
+            memcpy(win0 + (size_t)j * conv_dim + c0, tau >= 0 ? s->mix + (size_t)tau * conv_dim + c0 : old[j + n],
+                   (size_t)w * sizeof(float));
+        }
+        for (int t = n - 1; t >= 0; t--) {
+            float *x = s->mix + (size_t)t * conv_dim + c0;
+            for (int ch = 0; ch < w; ch++) {
+                float acc = 0;
+                for (int j = 0; j < K; j++) {
+                    const int tau = t - (K - 1) + j;
+                    acc += tap[j][ch] * (tau >= 0 ? s->mix[(size_t)tau * conv_dim + c0 + ch] : old[tau + K - 1][ch]);
+                }
+                x[ch] = acc / (1.0f + expf(-acc));
+            }
         }
     }
     model_delta_rule(m, L, S0, s->mix, s->gb, s->ga, s->z, s->y, n);

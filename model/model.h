@@ -134,8 +134,9 @@ int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *to
  * tools/bench.c to time alone): mix [n, conv_dim] the conv's silu outputs
  * (q | k | v), gb and ga [n, Hv] the beta and decay inputs, z [n, Hv*dv]
  * the output gate; S [Hv, dk, dv] the layer's state, updated in place; y
- * [n, Hv*dv] gets the gated-normed output. */
-void model_delta_rule(const Model *m, const Layer *L, float *S, const float *mix, const float *gb, const float *ga,
-                      const float *z, float *y, int n);
+ * [n, Hv*dv] gets the gated-normed output. Works in place on its inputs:
+ * mix's q and k come back L2-normed, gb and ga as beta and alpha. */
+void model_delta_rule(const Model *m, const Layer *L, float *S, float *mix, float *gb, float *ga, const float *z,
+                      float *y, int n);
 
 #endif

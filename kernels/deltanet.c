@@ -1,0 +1,111 @@
+/* deltanet.c: the gated delta rule (deltanet.h) in plain C and AVX-512.
+ *
+ * Work per token and value head: two passes over S [dk, dv], the first for
+ * u = alpha S^T k, the second for S <- alpha S + k delta^T and o = S^T q,
+ * about 5 dk dv flops against dk dv floats of state read and written. In
+ * decode the state comes from memory (1 MiB per layer for Qwen3.5-0.8B),
+ * in prefill it stays in cache across the batch's tokens, where the work
+ * is the limit: hence a column tile whose rows stay in L1 between the two
+ * passes, and several independent sums per pass so the FMAs overlap.
+ *
+ * The reference scales S by alpha in the first pass (Hugging Face's order:
+ * S <- alpha S, then u = S^T k); the AVX-512 version folds alpha into u
+ * and into the second pass's update, which saves a store of S per token
+ * and rounds differently: tests/test_kernels.c bounds the difference. The
+ * result of either never depends on how many tokens share a call.
+ */
+#include "kernels/deltanet.h"
+#include "kernels/matmul.h"
+
+void deltanet_cols_ref(float *S, const DeltaRule *a, int e0, int e1) {
+    const int dk = a->dk, dv = a->dv;
+    float u[1024];  /* e1 - e0 <= dv <= KV_MAX_DIM * 2 */
+    for (int t = 0; t < a->n; t++) {
+        const float *q = a->q + (size_t)t * a->ld_qk, *k = a->k + (size_t)t * a->ld_qk, *v = a->v + (size_t)t * a->ld_v;
+        const float alpha = a->alpha[(size_t)t * a->ld_ab], beta = a->beta[(size_t)t * a->ld_ab];
+        float *o = a->o + (size_t)t * a->ld_o;
+        /* S <- alpha S and u = S^T k in one pass */
+        for (int e = e0; e < e1; e++) u[e - e0] = 0;
+        for (int i = 0; i < dk; i++) {
+            float *row = S + (size_t)i * dv;
+            for (int e = e0; e < e1; e++) row[e] *= alpha, u[e - e0] += row[e] * k[i];
+        }
+        /* delta = beta (v - u); S += k delta^T and o = S^T q in one pass */
+        for (int e = e0; e < e1; e++) u[e - e0] = beta * (v[e] - u[e - e0]), o[e] = 0;
+        for (int i = 0; i < dk; i++) {
+            float *row = S + (size_t)i * dv;
+            for (int e = e0; e < e1; e++) row[e] += k[i] * u[e - e0], o[e] += row[e] * q[i];
+        }
+    }
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* NB blocks of 16 columns from e0, all tokens. Each pass keeps two partial
+ * sums per block (even and odd rows of S), 2 NB chains of FMAs in flight. */
+__attribute__((target("avx512f"), always_inline)) static inline void tile16(float *S, const DeltaRule *a, int e0,
+                                                                            const int NB) {
+    const int dk = a->dk, dv = a->dv;
+    for (int t = 0; t < a->n; t++) {
+        const float *q = a->q + (size_t)t * a->ld_qk, *k = a->k + (size_t)t * a->ld_qk;
+        const float *v = a->v + (size_t)t * a->ld_v + e0;
+        const __m512 va = _mm512_set1_ps(a->alpha[(size_t)t * a->ld_ab]);
+        const __m512 vb = _mm512_set1_ps(a->beta[(size_t)t * a->ld_ab]);
+        __m512 s0[4], s1[4], d[4];
+        for (int b = 0; b < NB; b++) s0[b] = s1[b] = _mm512_setzero_ps();
+        /* u = S^T k over the old S */
+        int i = 0;
+        for (; i + 1 < dk; i += 2) {
+            const float *r0 = S + (size_t)i * dv + e0, *r1 = r0 + dv;
+            const __m512 k0 = _mm512_set1_ps(k[i]), k1 = _mm512_set1_ps(k[i + 1]);
+            for (int b = 0; b < NB; b++) {
+                s0[b] = _mm512_fmadd_ps(_mm512_loadu_ps(r0 + 16 * b), k0, s0[b]);
+                s1[b] = _mm512_fmadd_ps(_mm512_loadu_ps(r1 + 16 * b), k1, s1[b]);
+            }
+        }
+        if (i < dk) {
+            const float *r0 = S + (size_t)i * dv + e0;
+            for (int b = 0; b < NB; b++)
+                s0[b] = _mm512_fmadd_ps(_mm512_loadu_ps(r0 + 16 * b), _mm512_set1_ps(k[i]), s0[b]);
+        }
+        /* delta = beta (v - alpha u) */
+        for (int b = 0; b < NB; b++) {
+            const __m512 u = _mm512_mul_ps(va, _mm512_add_ps(s0[b], s1[b]));
+            d[b] = _mm512_mul_ps(vb, _mm512_sub_ps(_mm512_loadu_ps(v + 16 * b), u));
+            s0[b] = s1[b] = _mm512_setzero_ps();
+        }
+        /* S <- alpha S + k delta^T, o = S^T q over the new S */
+        for (i = 0; i < dk; i++) {
+            float *r = S + (size_t)i * dv + e0;
+            const __m512 kb = _mm512_set1_ps(k[i]), qb = _mm512_set1_ps(q[i]);
+            for (int b = 0; b < NB; b++) {
+                const __m512 x = _mm512_fmadd_ps(_mm512_loadu_ps(r + 16 * b), va, _mm512_mul_ps(kb, d[b]));
+                _mm512_storeu_ps(r + 16 * b, x);
+                if (i & 1) s1[b] = _mm512_fmadd_ps(x, qb, s1[b]);
+                else s0[b] = _mm512_fmadd_ps(x, qb, s0[b]);
+            }
+        }
+        float *o = a->o + (size_t)t * a->ld_o + e0;
+        for (int b = 0; b < NB; b++) _mm512_storeu_ps(o + 16 * b, _mm512_add_ps(s0[b], s1[b]));
+    }
+}
+
+/* Tiles of 64 columns (32 KB of S at dk = 128: L1-resident between the passes), then what is left. */
+__attribute__((target("avx512f"))) static void deltanet_cols16(float *S, const DeltaRule *a, int e0, int e1) {
+    for (; e1 - e0 >= 64; e0 += 64) tile16(S, a, e0, 4);
+    switch ((e1 - e0) / 16) {
+    case 3: tile16(S, a, e0, 3); break;
+    case 2: tile16(S, a, e0, 2); break;
+    case 1: tile16(S, a, e0, 1); break;
+    default: break;
+    }
+}
+
+void deltanet_cols(float *S, const DeltaRule *a, int e0, int e1) {
+    if (kernels_level() >= 2 && (e1 - e0) % 16 == 0) deltanet_cols16(S, a, e0, e1);
+    else deltanet_cols_ref(S, a, e0, e1);
+}
+#else
+void deltanet_cols(float *S, const DeltaRule *a, int e0, int e1) { deltanet_cols_ref(S, a, e0, e1); }
+#endif
