@@ -383,6 +383,7 @@ typedef struct {
     long prefill_tokens, decode_tokens;
     int has_spec;
     double spec_accept;   /* accepted / drafted */
+    double spec_per_step; /* tokens emitted per verify step (main forward) */
 } Stats;
 
 /* Everything a mode works with, filled by main's steps. */
@@ -430,7 +431,7 @@ static void print_stats(const Run *r, const KVCache *kv) {
     fprintf(stderr, "\nstats: prefill_tokens=%ld prefill_tps=%.2f decode_tokens=%ld decode_tps=%.2f kv_bytes=%zu",
             s->prefill_tokens, ptps, s->decode_tokens, dtps, kvb);
     if (stb) fprintf(stderr, " state_bytes=%zu", stb);
-    if (s->has_spec) fprintf(stderr, " spec_accept=%.4f", s->spec_accept);
+    if (s->has_spec) fprintf(stderr, " spec_accept=%.4f spec_tokens_per_step=%.3f", s->spec_accept, s->spec_per_step);
     fprintf(stderr, "\n");
 }
 
@@ -1007,6 +1008,7 @@ static int run_generate(Run *r, KVCache *kv) {
     if (g.spec) {
         spec_print_stats(g.spec, stderr);
         r->st.spec_accept = g.spec->drafted ? (double)spec_accepted(g.spec) / g.spec->drafted : 0;
+        r->st.spec_per_step = g.spec->steps ? (double)g.spec->emitted / g.spec->steps : 0;
         r->st.has_spec = 1;
         spec_free(g.spec);
     }

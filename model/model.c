@@ -672,18 +672,14 @@ static void attn_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
 /* softplus as torch computes it: x itself past 20, where log1p(e^x) = x in f32. */
 static float softplus(float x) { return x > 20 ? x : log1pf(expf(x)); }
 
-/* The recurrence of gdn_forward (below) for n tokens. First, per token, the
- * inputs in place: q and k of every key head L2-normed (q times dk^-1/2),
- * gb -> beta and ga -> alpha per value head. Then kernels/deltanet.c on
- * every (value head, 64-column tile of its state) in parallel, each tile
- * taking all n tokens in order; then each head's output through the gated
- * RMSNorm into y. */
-void model_delta_rule(const Model *m, const Layer *L, float *S0, float *mix, float *gb, float *ga, const float *z0,
-                      float *y, int n) {
+/* A Gated DeltaNet layer's inputs to the recurrence, per token, in place:
+ * q and k of every key head in mix [n, conv_dim] L2-normed (q times
+ * dk^-1/2), gb -> beta and ga -> alpha [n, Hv]. */
+static void delta_prep(const Model *m, const Layer *L, float *mix, float *gb, float *ga, int n) {
     const Config *c = &m->cfg;
-    const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
-    const int r = hv / hk, vd = hv * dv, conv_dim = 2 * hk * dk + vd, tiles = (dv + 63) / 64;
-    const float eps = (float)c->eps, qscale = 1.0f / sqrtf((float)dk);
+    const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim;
+    const int conv_dim = 2 * hk * dk + hv * c->lin_v_dim;
+    const float qscale = 1.0f / sqrtf((float)dk);
 #pragma omp parallel for schedule(static) if (n * conv_dim >= PAR_MIN)
     for (int t = 0; t < n; t++) {
         float *cv = mix + (size_t)t * conv_dim;
@@ -700,19 +696,37 @@ void model_delta_rule(const Model *m, const Layer *L, float *S0, float *mix, flo
             *a = expf(L->a_neg[j] * softplus(*a + L->dt_bias[j]));
         }
     }
+}
+
+/* The recurrence on S0 [Hv, dk, dv] for n tokens whose prepared q | k | v
+ * rows are qkv [n][ld] and alpha, beta [n][ld_ab] (value head j at + j):
+ * kernels/deltanet.c on every (value head, 64-column tile of its state) in
+ * parallel, each tile taking the n tokens in order. y [n, Hv*dv] gets o. */
+static void delta_run(const Model *m, float *S0, const float *qkv, size_t ld, const float *alpha, const float *beta,
+                      size_t ld_ab, float *y, int n) {
+    const Config *c = &m->cfg;
+    const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    const int r = hv / hk, tiles = (dv + 63) / 64;
     /* value head j reads key head j / r */
 #pragma omp parallel for schedule(static) collapse(2)
     for (int j = 0; j < hv; j++)
         for (int tile = 0; tile < tiles; tile++) {
             const int h = j / r, e0 = tile * 64, e1 = e0 + 64 < dv ? e0 + 64 : dv;
-            DeltaRule a = {.q = mix + (size_t)h * dk, .k = mix + (size_t)(hk + h) * dk,
-                           .v = mix + 2 * (size_t)hk * dk + (size_t)j * dv, .alpha = ga + j, .beta = gb + j,
-                           .o = y + (size_t)j * dv, .ld_qk = conv_dim, .ld_v = conv_dim, .ld_ab = hv, .ld_o = vd,
+            DeltaRule a = {.q = qkv + (size_t)h * dk, .k = qkv + (size_t)(hk + h) * dk,
+                           .v = qkv + 2 * (size_t)hk * dk + (size_t)j * dv, .alpha = alpha + j, .beta = beta + j,
+                           .o = y + (size_t)j * dv, .ld_qk = ld, .ld_v = ld, .ld_ab = ld_ab, .ld_o = (size_t)hv * dv,
                            .n = n, .dk = dk, .dv = dv};
             deltanet_cols(S0 + (size_t)j * dk * dv, &a, e0, e1);
         }
-    /* gated RMSNorm over each head: plain weight, times silu(z) */
-#pragma omp parallel for schedule(static) if (n * vd >= PAR_MIN)
+}
+
+/* The gated RMSNorm over each head of y [n, Hv*dv], in place: plain
+ * weight, times silu(z). */
+static void gated_norm(const Model *m, const Layer *L, float *y, const float *z0, int n) {
+    const Config *c = &m->cfg;
+    const int hv = c->lin_v_heads, dv = c->lin_v_dim;
+    const float eps = (float)c->eps;
+#pragma omp parallel for schedule(static) if (n * hv * dv >= PAR_MIN)
     for (int tj = 0; tj < n * hv; tj++) {
         float *o = y + (size_t)tj * dv, ss = 0;
         const float *z = z0 + (size_t)tj * dv;
@@ -721,6 +735,24 @@ void model_delta_rule(const Model *m, const Layer *L, float *S0, float *mix, flo
         for (int e = 0; e < dv; e++) o[e] = L->gnorm[e] * (o[e] * inv) * (z[e] / (1.0f + expf(-z[e])));
     }
 }
+
+void model_delta_rule(const Model *m, const Layer *L, float *S0, float *mix, float *gb, float *ga, const float *z0,
+                      float *y, int n) {
+    const Config *c = &m->cfg;
+    delta_prep(m, L, mix, gb, ga, n);
+    delta_run(m, S0, mix, 2 * (size_t)c->lin_k_heads * c->lin_k_dim + (size_t)c->lin_v_heads * c->lin_v_dim, ga, gb,
+              c->lin_v_heads, y, n);
+    gated_norm(m, L, y, z0, n);
+}
+
+/* A journal record per token and Gated DeltaNet layer: | pre-conv m
+ * [conv_dim] | prepared q | k | v [conv_dim] | alpha [Hv] | beta [Hv] |. */
+static size_t journal_rec(const Config *c) {
+    return 2 * (2 * (size_t)c->lin_k_heads * c->lin_k_dim + (size_t)c->lin_v_heads * c->lin_v_dim) +
+           2 * (size_t)c->lin_v_heads;
+}
+
+size_t model_journal_floats(const Model *m, int n) { return (size_t)m->cfg.n_gdn * n * journal_rec(&m->cfg); }
 
 /* Gated DeltaNet (shared/specs/qwen35.md) on the normed xb [n, H]; its
  * output [n, H] replaces xb. state: the layer's S [Hv, dk, dv] then the
@@ -735,7 +767,7 @@ void model_delta_rule(const Model *m, const Layer *L, float *S0, float *mix, flo
  *   S <- alpha S;  u = S^T k;  S <- S + k (beta (v - u))^T;  o = S^T q
  *   y_j = gnorm * o / rms(o) * silu(z_j)
  * following Hugging Face's torch_recurrent_gated_delta_rule. */
-static void gdn_forward(Model *m, const Layer *L, float *state, int n) {
+static void gdn_forward(Model *m, const Layer *L, float *state, float *jr, int n) {
     const Config *c = &m->cfg;
     Scratch *s = &m->s;
     const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->conv_k;
@@ -744,6 +776,8 @@ static void gdn_forward(Model *m, const Layer *L, float *state, int n) {
     float *out[] = {s->mix, s->z, s->gb, s->ga};
     const Weight *w[] = {&L->w_qkv, &L->w_z, &L->w_b, &L->w_a};
     matmul_multi(out, w, 4, s->xb, n);
+    const size_t rec = journal_rec(c);
+    for (int t = 0; jr && t < n; t++) memcpy(jr + t * rec, s->mix + (size_t)t * conv_dim, conv_dim * sizeof(float));
     /* the causal depthwise conv over blocks of CONV_CH channels: mix [n,
      * conv_dim] becomes silu(conv) in place, last token first, so that the
      * inputs a token reads (its own and the K-1 before it, from the window
@@ -775,21 +809,29 @@ static void gdn_forward(Model *m, const Layer *L, float *state, int n) {
             }
         }
     }
-    model_delta_rule(m, L, S0, s->mix, s->gb, s->ga, s->z, s->y, n);
+    delta_prep(m, L, s->mix, s->gb, s->ga, n);
+    for (int t = 0; jr && t < n; t++) {
+        float *r = jr + t * rec + conv_dim;
+        memcpy(r, s->mix + (size_t)t * conv_dim, conv_dim * sizeof(float));
+        memcpy(r + conv_dim, s->ga + (size_t)t * hv, hv * sizeof(float));
+        memcpy(r + conv_dim + hv, s->gb + (size_t)t * hv, hv * sizeof(float));
+    }
+    delta_run(m, S0, s->mix, conv_dim, s->ga, s->gb, hv, s->y, n);
+    gated_norm(m, L, s->y, s->z, n);
     matmul(s->xb, s->y, &L->w_out, n);
 }
 
 /* One decoder layer on x [n, H] in place: pre-norm, the mixer (attention
  * over layer cl of kv, or Gated DeltaNet over its state), residual,
  * pre-norm, SwiGLU MLP, residual. */
-static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, float *state, int n) {
+static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, float *state, float *jr, int n) {
     const Config *c = &m->cfg;
     Scratch *s = &m->s;
     const int H = c->hidden;
     const float eps = (float)c->eps;
 #pragma omp parallel for schedule(static) if (n * H >= PAR_MIN)
     for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, L->in_norm, H, eps);
-    if (L->gdn) gdn_forward(m, L, state, n);
+    if (L->gdn) gdn_forward(m, L, state, jr, n);
     else attn_forward(m, L, kv, cl, n);
     /* residual, then the MLP's pre-norm, row by row */
 #pragma omp parallel for schedule(static) if (n * H >= PAR_MIN)
@@ -852,11 +894,15 @@ static int forward_chunk(Model *m, KVCache *kv, const int *tokens, int n, int po
     const int H = c->hidden;
     for (int i = 0; i < n; i++) weight_row(&m->embed, tokens[i], s->x + (size_t)i * H);
     rope_tables(m, pos, n);
-    /* state: each Gated DeltaNet layer's part of the sequence's state, in order */
+    /* state: each Gated DeltaNet layer's part of the sequence's state, in
+     * order; likewise its block of the journal when one is kept */
     const size_t per = m->cfg.n_gdn ? m->state_floats / (size_t)m->cfg.n_gdn : 0;
+    const size_t jper = (size_t)m->journal_cap * journal_rec(c);
     for (int l = 0, g = 0; l < c->n_layers; l++) {
         const Layer *L = &m->layers[l];
-        layer_forward(m, L, kv, m->kv_slot[l], L->gdn ? kv->state + per * (size_t)g++ : NULL, n);
+        float *st = L->gdn ? kv->state + per * (size_t)g : NULL, *jr = L->gdn && m->journal ? m->journal + jper * g : NULL;
+        g += L->gdn;
+        layer_forward(m, L, kv, m->kv_slot[l], st, jr, n);
     }
     for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, m->final_norm, H, (float)c->eps);
     if (hidden) memcpy(hidden, s->xb, (size_t)n * H * sizeof(float));
@@ -893,6 +939,11 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
     if (kv->state_floats != m->state_floats) {
         snprintf(err, errlen, "model_forward: the cache holds %zu floats of recurrent state, the model needs %zu "
                  "(open it with model_kv_init)", kv->state_floats, m->state_floats);
+        return -1;
+    }
+    if (m->journal && (n > m->journal_cap || n > m->s.cap)) {
+        snprintf(err, errlen, "model_forward: %d tokens, but the journal holds %d", n,
+                 m->journal_cap < m->s.cap ? m->journal_cap : m->s.cap);
         return -1;
     }
     for (int off = 0; off < n; off += m->s.cap) {
@@ -936,7 +987,7 @@ int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *to
         }
         matmul(s->x, s->cat, &m->mtp_fc, nb);
         rope_tables(m, pos + off, nb);
-        layer_forward(m, &m->mtp_layer, mkv, 0, NULL, nb);
+        layer_forward(m, &m->mtp_layer, mkv, 0, NULL, NULL, nb);
         for (int i = 0; i < nb; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, m->mtp_norm, H, eps);
         if (hm) memcpy(hm + (size_t)off * H, s->xb, (size_t)nb * H * sizeof(float));
         if (logits && all_logits) matmul(logits + (size_t)off * V, s->xb, &m->mtp_head, nb);
@@ -951,4 +1002,26 @@ int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *to
         }
     }
     return 0;
+}
+
+void model_state_replay(Model *m, KVCache *kv, const float *snapshot, const float *journal, int cap, int n) {
+    const Config *c = &m->cfg;
+    const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->conv_k;
+    const size_t conv_dim = 2 * (size_t)hk * dk + (size_t)hv * dv, rec = journal_rec(c);
+    const size_t per = c->n_gdn ? m->state_floats / (size_t)c->n_gdn : 0;
+    memcpy(kv->state, snapshot, m->state_floats * sizeof(float));
+    for (int g = 0; g < c->n_gdn && n > 0; g++) {
+        float *S0 = kv->state + per * g, *win = S0 + (size_t)hv * dk * dv;
+        const float *jr = journal + (size_t)cap * rec * g;
+        /* the same kernel on the same inputs as the recorded pass: the same
+         * state after its first n tokens (outputs land in scratch, unused) */
+        delta_run(m, S0, jr + conv_dim, rec, jr + 2 * conv_dim, jr + 2 * conv_dim + hv, rec, m->s.y, n);
+        /* the conv window: the last K-1 of [window | m_0 .. m_{n-1}]; row j
+         * takes row j + n of the old window, later rows first overwritten */
+        for (int j = 0; j < K - 1; j++) {
+            const int tau = n - (K - 1) + j;
+            memmove(win + (size_t)j * conv_dim, tau >= 0 ? jr + (size_t)tau * rec : win + (size_t)(j + n) * conv_dim,
+                    conv_dim * sizeof(float));
+        }
+    }
 }

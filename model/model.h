@@ -84,6 +84,12 @@ typedef struct {
     /* Optional probe for -m kvstats: when set, each layer copies its roped
      * queries [n, nH*hd] to trace_q + layer * s.cap * nH*hd. */
     float *trace_q;
+    /* Optional journal for model_state_replay (speculative verification):
+     * when set, model_forward of n <= journal_cap tokens records each Gated
+     * DeltaNet layer's inputs to its recurrence and conv in the
+     * model_journal_floats(m, journal_cap) floats here. */
+    float *journal;
+    int journal_cap;
 } Model;
 
 /* Loads the model at path (a folder, a .safetensors file in one, or a
@@ -128,6 +134,16 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
  * next draft step's hidden input) as in model_forward. */
 int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
                       int all_logits, float *hm, char *err, size_t errlen);
+
+/* Floats of a journal (Model.journal) for forwards of up to n tokens. */
+size_t model_journal_floats(const Model *m, int n);
+/* Takes a hybrid model's recurrent state to where it was n tokens into the
+ * forward that journal (kept with journal_cap = cap) recorded: the state
+ * from before that forward (snapshot, [state_floats]), then the recorded
+ * recurrence and conv inputs of its first n tokens replayed, with no
+ * matmul. The bits are those a forward of just those n tokens leaves
+ * (kernels/deltanet.h). The KV caches are the caller's to truncate. */
+void model_state_replay(Model *m, KVCache *kv, const float *snapshot, const float *journal, int cap, int n);
 
 /* The delta-rule recurrence of Gated DeltaNet layer L for n tokens, what a
  * forward runs between the layer's conv and out_proj (exposed for

@@ -23,8 +23,11 @@ int spec_init(Spec *s, Model *m, KVCache *kv, KVCache *mkv, Sampler *smp, int n_
     s->q = malloc(SPEC_MAX * V * sizeof(float));
     s->mlg = malloc(V * sizeof(float));
     s->hm = malloc(H * sizeof(float));
-    if (kv->state) s->snap = malloc(kv->state_floats * sizeof(float));
-    if (!s->pend || !s->hid || !s->lg || !s->q || !s->mlg || !s->hm || (kv->state && !s->snap)) {
+    if (kv->state) {
+        s->snap = malloc(kv->state_floats * sizeof(float));
+        s->journal = malloc(model_journal_floats(m, SPEC_MAX + 1) * sizeof(float));
+    }
+    if (!s->pend || !s->hid || !s->lg || !s->q || !s->mlg || !s->hm || (kv->state && (!s->snap || !s->journal))) {
         spec_free(s);
         snprintf(err, errlen, "speculative decoding: out of memory");
         return -1;
@@ -34,12 +37,13 @@ int spec_init(Spec *s, Model *m, KVCache *kv, KVCache *mkv, Sampler *smp, int n_
 
 void spec_free(Spec *s) {
     free(s->pend), free(s->hid), free(s->lg), free(s->q), free(s->mlg), free(s->hm), free(s->snap);
+    free(s->journal);
     memset(s, 0, sizeof *s);
 }
 
 int spec_prefill(Spec *s, const float *hidden, const int *tokens, int n, char *err, size_t errlen) {
     const int H = s->m->cfg.hidden;
-    s->n_vtok = 0; /* the cache moved on: no verify pass to rewind into */
+    s->n_rec = 0; /* the cache moved on: no verify pass to rewind into */
     /* the pending rows now know their last token: tokens[0] */
     if (s->n_pend > 0) {
         s->rows_tok[s->n_pend - 1] = tokens[0];
@@ -89,20 +93,22 @@ int spec_verify_token(Sampler *smp, const float *p, const float *q, int d, int V
 }
 
 /* Takes the main cache back to position p within the last verify pass.
- * KV caches truncate. A recurrent state is restored from its snapshot and
- * the accepted tokens are fed again, which gives the state plain decoding
- * would have (and the same KV, which batching never changes): simpler than
- * replaying only the recurrence from inputs kept during the pass, and the
- * extra forward of at most N + 1 tokens (without logits) is paid only when
- * a draft is rejected. */
+ * KV caches truncate (what the pass appended for the kept tokens is what
+ * plain decoding appends: batching never changes it). A recurrent state is
+ * restored from its snapshot and the kept tokens' recurrence replayed from
+ * the pass's journal: no weight is read again, and the state's bits are
+ * those plain decoding leaves (model_state_replay). */
 static int rewind_to(Spec *s, int p, char *err, size_t errlen) {
-    if (!s->snap) return kv_cache_truncate(s->kv, p) ? (snprintf(err, errlen, "rewind to %d failed", p), -1) : 0;
-    if (p < s->snap_pos || p > s->snap_pos + s->n_vtok || kv_cache_truncate(s->kv, s->snap_pos)) {
+    if (s->snap && (p < s->snap_pos || p > s->snap_pos + s->n_rec)) {
         snprintf(err, errlen, "rewind to %d: outside the last verify pass from %d", p, s->snap_pos);
         return -1;
     }
-    memcpy(s->kv->state, s->snap, s->kv->state_floats * sizeof(float));
-    return p > s->snap_pos ? model_forward(s->m, s->kv, s->vtok, p - s->snap_pos, NULL, 0, NULL, err, errlen) : 0;
+    if (kv_cache_truncate(s->kv, p)) {
+        snprintf(err, errlen, "rewind to %d failed", p);
+        return -1;
+    }
+    if (s->snap) model_state_replay(s->m, s->kv, s->snap, s->journal, SPEC_MAX + 1, p - s->snap_pos);
+    return 0;
 }
 
 /* Draft token from MTP logits: argmax, or a draw from the filtered
@@ -141,10 +147,12 @@ int spec_step(Spec *s, int x, int *out, char *err, size_t errlen) {
     if (s->snap) {
         memcpy(s->snap, s->kv->state, s->kv->state_floats * sizeof(float));
         s->snap_pos = P;
-        memcpy(s->vtok, toks, (size_t)(N + 1) * sizeof(int));
-        s->n_vtok = N + 1;
+        s->n_rec = N + 1;
+        m->journal = s->journal, m->journal_cap = SPEC_MAX + 1;
     }
-    if (model_forward(m, s->kv, toks, N + 1, s->lg, 1, s->hid, err, errlen)) return -1;
+    int rc = model_forward(m, s->kv, toks, N + 1, s->lg, 1, s->hid, err, errlen);
+    m->journal = NULL, m->journal_cap = 0;
+    if (rc) return -1;
     int k = 0, y = -1;
     for (; k < N; k++) {
         const float *row = s->lg + (size_t)k * V;
@@ -163,7 +171,7 @@ int spec_step(Spec *s, int x, int *out, char *err, size_t errlen) {
     if (k == N) y = greedy ? sampler_argmax(s->lg + (size_t)N * V, V) : sampler_sample(s->smp, s->lg + (size_t)N * V);
     out[k] = y;
     /* a later rewind may replay only what was accepted */
-    if (s->n_vtok > k + 1) s->n_vtok = k + 1;
+    if (s->n_rec > k + 1) s->n_rec = k + 1;
     /* keep x, d1..dk in the main cache; MTP rows from draft states go, and
      * h_P..h_{P+k} wait to be rewritten from the main model's states */
     if (k < N && rewind_to(s, P + k + 1, err, errlen)) return -1;
@@ -189,7 +197,7 @@ void spec_reset(Spec *s) {
     kv_cache_truncate(s->kv, 0);
     kv_cache_truncate(s->mkv, 0);
     s->n_pend = 0;
-    s->n_vtok = 0;
+    s->n_rec = 0;
 }
 
 long spec_accepted(const Spec *s) {

@@ -40,9 +40,12 @@ typedef struct {
     int rows_tok[SPEC_MAX + 2]; /* tokens for catch-up rows */
     /* A recurrent state (Gated DeltaNet layers: kv->state) cannot be
      * truncated like a KV cache: snap holds it from before the last verify
-     * pass, which began at position snap_pos with tokens vtok[0 .. n_vtok) */
+     * pass, which began at position snap_pos, and journal that pass's
+     * recurrence inputs (Model.journal), of which the first n_rec tokens
+     * may still be replayed */
     float *snap;      /* [kv->state_floats], NULL for attention-only models */
-    int snap_pos, vtok[SPEC_MAX + 1], n_vtok;
+    float *journal;   /* [model_journal_floats(m, SPEC_MAX + 1)] */
+    int snap_pos, n_rec;
     /* counters: accepted[j] = drafts accepted at depth j + 1 */
     long accepted[SPEC_MAX], drafted, steps, emitted;
 } Spec;

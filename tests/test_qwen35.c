@@ -131,6 +131,40 @@ Test(qwen35, prefill_and_decode_give_the_same_bits) {
     }
 }
 
+/* The journal a verify pass keeps: after a recorded forward of 6 tokens,
+ * replaying its first n (0..6) from the snapshot leaves the state a
+ * forward of just those n tokens does, to the byte (conv window included:
+ * n < 3 reaches back into the window from before the pass). */
+Test(qwen35, state_replay_from_the_journal) {
+    Model m;
+    KVCache a, b;
+    char err[512];
+    int ids[64];
+    const int n = read_tokens(GOLD "/sentence/tokens.txt", ids, 64), P = 20, N = 6;
+    cr_assert(n >= P + N);
+    KVSpec spec;
+    open_q35(&m, &a, "f32", 64);
+    kv_spec_parse("f32", &spec, err, sizeof err);
+    cr_assert_eq(model_kv_init(&m, &b, &spec, 64, 0, err, sizeof err), 0, "%s", err);
+    const size_t bytes = kv_cache_state_bytes(&a);
+    float *snap = malloc(bytes), *journal = malloc(model_journal_floats(&m, N) * sizeof(float));
+    cr_assert(snap && journal);
+    for (int k = 0; k <= N; k++) {
+        kv_cache_truncate(&a, 0), kv_cache_truncate(&b, 0);
+        cr_assert_eq(model_forward(&m, &a, ids, P, NULL, 0, NULL, err, sizeof err), 0, "%s", err);
+        memcpy(snap, a.state, bytes);
+        m.journal = journal, m.journal_cap = N;
+        cr_assert_eq(model_forward(&m, &a, ids + P, N, NULL, 0, NULL, err, sizeof err), 0, "%s", err);
+        m.journal = NULL, m.journal_cap = 0;
+        model_state_replay(&m, &a, snap, journal, N, k);
+        cr_assert_eq(model_forward(&m, &b, ids, P + k, NULL, 0, NULL, err, sizeof err), 0, "%s", err);
+        cr_expect_eq(memcmp(a.state, b.state, bytes), 0, "replay of %d tokens: state differs", k);
+    }
+    free(snap), free(journal);
+    kv_cache_free(&a), kv_cache_free(&b);
+    model_free(&m);
+}
+
 /* The MTP head in vLLM's layout: row p takes (h_p, x_{p+1}) at position p,
  * the last row the greedy next token; then the 3-step chain from the last
  * row (README: "MTP"). */
