@@ -3,6 +3,10 @@
 #   make run        run the built-in default model
 #   make test       build and run the Criterion suite
 #   make test-asan  the same suite under AddressSanitizer + UBSan
+#   make aarch64    cross-build build-aarch64/run (plain C kernels; docs/arm.md)
+#   make test-aarch64  the kernel, KV, model and golden-logit tests on aarch64
+#                   under qemu-user, and the shipped model's greedy tokens
+#                   and logits against this machine's (about 7 minutes)
 #   make fuzz       build the libFuzzer harnesses (tests/fuzz/) into build-fuzz/
 #   make fuzz-run   run each for FUZZ_SECONDS (default 60) from its seed corpus
 #   make bench      measure speed (about 12 minutes)
@@ -21,7 +25,7 @@ BUILD   ?= build
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all run test test-asan bench clean figures FORCE
+.PHONY: all run test test-asan test-plain aarch64 test-aarch64 bench clean figures FORCE
 # ./run is a copy of $(BUILD)/run, so that "make run" can be the command that runs it.
 all: $(BUILD)/run models/qwen3-kjv-mtp.bin
 	@cp $(BUILD)/run run.tmp && mv -f run.tmp run
@@ -70,6 +74,76 @@ test-asan:
 	$(MAKE) test BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 		LDLIBS="-lm -fopenmp -fsanitize=address,undefined"
 
+# The same test sources without Criterion: tests/runner/ is a small runner
+# for the part of Criterion's API they use (a process per test, timeouts),
+# for where Criterion cannot run (aarch64 under qemu-user, below).
+# PLAIN_TESTS picks the files (PLAIN_CFLAGS is added to their flags);
+# test-plain runs them here.
+PLAIN_TESTS ?= $(TEST_SRC)
+PLAIN_OBJ   := $(patsubst %.c,$(BUILD)/plain/%.o,$(PLAIN_TESTS) tests/runner/main.c)
+
+$(BUILD)/plain/%.o: %.c $(HDRS) tests/runner/criterion/criterion.h
+	@mkdir -p $(dir $@)
+	$(CC) -Itests/runner $(CFLAGS) $(PLAIN_CFLAGS) -c $< -o $@
+
+$(BUILD)/test_plain: $(PLAIN_OBJ) $(BUILD)/librun.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+test-plain: $(BUILD)/run $(BUILD)/test_plain $(BUILD)/make_model $(BUILD)/bench $(BUILD)/bench_attn
+	OMP_WAIT_POLICY=passive RUN_BIN=$(BUILD)/run TOOLS_DIR=$(BUILD) $(BUILD)/test_plain $(TEST_ARGS)
+
+# aarch64 (docs/arm.md): cross-built with Debian's gcc-aarch64-linux-gnu and
+# run under qemu-user (apt-get install gcc-aarch64-linux-gnu
+# libc6-dev-arm64-cross qemu-user), the plain C kernels only. The emulated
+# tests are the kernel, KV, model, Qwen3.5, golden-logit, loading, format,
+# tokenizer and compare-output files on the plain runner (Criterion's
+# per-test sandbox cannot start under qemu-user), less four tests too long
+# for emulation (AARCH64_EXCLUDE: three drive ./run for minutes, one runs
+# every scheme twice); the CLI's own test files stay native (they pass
+# emulated too, in 6 more minutes: AARCH64_TESTS="$(wildcard tests/test_*.c)"
+# less test_tools.c, which builds and times the benchmark tools). Then the shipped model's 32
+# greedy tokens with -kv f32 must be this machine's, and every scheme's
+# logits this machine's plain C ones to the bit and its SIMD ones within a
+# bound (tests/arm_logits.sh). Every emulated step runs under
+# timeout -s KILL: a hang fails, never stalls.
+AARCH64_CC      ?= aarch64-linux-gnu-gcc
+AARCH64_BUILD   ?= build-aarch64
+AARCH64_SYSROOT ?= /usr/aarch64-linux-gnu
+QEMU_AARCH64    ?= qemu-aarch64
+AARCH64_TESTS   ?= tests/test_kernels.c tests/test_deltanet.c tests/test_kv.c tests/test_kv_quant.c \
+	tests/test_kv_rotated.c tests/test_model.c tests/test_shipped.c tests/test_qwen35.c tests/test_load.c \
+	tests/test_format.c tests/test_tokenizer.c tests/test_compare.c
+AARCH64_EXCLUDE ?= shipped/greedy_spec_exact qwen35/greedy_speculation_and_every_scheme \
+	qwen35/speculative_decoding_restores_the_state model/batching_does_not_change_logits
+# Seconds for each emulated step; a test's own .timeout is stretched 10x,
+# one without gets 300 s (emulation runs the plain C kernels 10-50x slower).
+AARCH64_TIMEOUT ?= 600
+AARCH64_TEST_ARGS ?= --verbose -j 2 --timeout 300 --timeout-scale 10 $(AARCH64_EXCLUDE:%=--exclude %)
+AARCH64_PROMPT  ?= And God said
+AARCH64_EMU      = timeout -s KILL $(AARCH64_TIMEOUT) env QEMU_LD_PREFIX=$(AARCH64_SYSROOT) $(QEMU_AARCH64)
+# The tests without loop vectorization: Debian 12's aarch64 gcc 12.2 stops
+# with an internal compiler error (vect_transform_reduction) on their fmax
+# reductions of differences (tests/test_kernels.c, test_deltanet.c).
+AARCH64_MAKE     = $(MAKE) BUILD=$(AARCH64_BUILD) CC=$(AARCH64_CC) PLAIN_TESTS="$(AARCH64_TESTS)" \
+	PLAIN_CFLAGS=-fno-tree-loop-vectorize
+
+aarch64:
+	$(AARCH64_MAKE) $(AARCH64_BUILD)/run
+
+test-aarch64: $(BUILD)/run
+	$(AARCH64_MAKE) $(AARCH64_BUILD)/run $(AARCH64_BUILD)/test_plain
+	printf '#!/bin/sh\nexec env QEMU_LD_PREFIX=%s %s "$$(dirname "$$0")/run" "$$@"\n' \
+		'$(AARCH64_SYSROOT)' '$(QEMU_AARCH64)' > $(AARCH64_BUILD)/run-qemu
+	chmod +x $(AARCH64_BUILD)/run-qemu
+	$(AARCH64_EMU) $(AARCH64_BUILD)/run --version
+	OMP_WAIT_POLICY=passive RUN_BIN=$(AARCH64_BUILD)/run-qemu $(AARCH64_EMU) $(AARCH64_BUILD)/test_plain $(AARCH64_TEST_ARGS)
+	$(BUILD)/run models/qwen3-kjv-mtp -i "$(AARCH64_PROMPT)" -n 32 -t 0 -kv f32 > $(AARCH64_BUILD)/greedy-native.txt
+	$(AARCH64_EMU) $(AARCH64_BUILD)/run models/qwen3-kjv-mtp -i "$(AARCH64_PROMPT)" -n 32 -t 0 -kv f32 \
+		> $(AARCH64_BUILD)/greedy-aarch64.txt
+	cmp $(AARCH64_BUILD)/greedy-native.txt $(AARCH64_BUILD)/greedy-aarch64.txt
+	@echo "aarch64 greedy tokens (-kv f32) are this machine's: $$(cat $(AARCH64_BUILD)/greedy-aarch64.txt)"
+	sh tests/arm_logits.sh $(BUILD)/run "$(AARCH64_EMU) $(AARCH64_BUILD)/run" $(AARCH64_BUILD)
+
 $(BUILD)/bench_attn: $(BUILD)/tools/bench_attn.o $(BUILD)/librun.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -101,7 +175,7 @@ bench: $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/run bench/qwen3-0.6b bench/qw
 	$(BUILD)/bench bench/qwen3.5-0.8b --threads 2 --ctx 4096 --kv f16 --vs bench/qwen3-0.6b
 
 clean:
-	rm -rf build build-asan build-fuzz run models/qwen3-kjv-mtp.bin
+	rm -rf build build-asan build-fuzz build-aarch64 run models/qwen3-kjv-mtp.bin
 
 # The README's plot, from the command the README shows.
 figures: all

@@ -258,8 +258,8 @@ static int parse_args(int argc, char **argv, Args *a) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); return 1; }
         if (!strcmp(f, "--version")) {
-            printf("run %s: CPU kernels %s (x86-64 AVX2/AVX-512 and plain C); CUDA not compiled in\n", RUN_VERSION,
-                   kernels_isa());
+            printf("run %s: CPU kernels %s (%s); CUDA not compiled in\n", RUN_VERSION, kernels_isa(),
+                   kernels_built());
             return 1;
         }
         /* a word that is not an option is the model, wherever it comes */

@@ -21,10 +21,34 @@
 #include "attn/attn.h"
 #include "kernels/ops.h"
 
-#include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Subnormals flushed to zero, inputs and results, while attention runs:
+ * MXCSR's FTZ and DAZ on x86-64, FPCR.FZ on aarch64 (both at once there);
+ * elsewhere nothing changes. flush_on returns the state flush_off puts back. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+static uint64_t flush_on(void) {
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
+    return csr;
+}
+static void flush_off(uint64_t csr) { _mm_setcsr((unsigned)csr); }
+#elif defined(__aarch64__)
+static uint64_t flush_on(void) {
+    uint64_t fpcr;
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr | (UINT64_C(1) << 24)));
+    return fpcr;
+}
+static void flush_off(uint64_t fpcr) { __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr)); }
+#else
+static uint64_t flush_on(void) { return 0; }
+static void flush_off(uint64_t state) { (void)state; }
+#endif
 
 size_t attn_scratch_floats(int nq, int d) {
     /* qd [nq,d] + acc [nq,d] + p [nq,CHUNK] + m [nq] + l [nq], rounded up to
@@ -38,14 +62,13 @@ void attn_block(const KVStream *k, const KVStream *v, const float *q, int nq, in
     const int d = k->d, len = k->len, nall = nq * ntok;
     float *qd = scratch, *acc = qd + (size_t)nall * d, *p = acc + (size_t)nall * d;
     float *m = p + (size_t)nall * ATTN_CHUNK, *l = m + nall;
-    /* Subnormals are flushed to zero (MXCSR's FTZ and DAZ) until the end:
+    /* Subnormals are flushed to zero (flush_on) until the end:
      * scores spread over more than 87 give weights below FLT_MIN, and a
      * scheme's scale times a weight can fall there too, and every subnormal
      * operand or result costs a microcode assist, enough to slow long
      * attention several times over (docs/kernel-notes.md#subnormals). What
      * they would add is below 1e-38 of the output. */
-    const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040);
+    const uint64_t fp = flush_on();
     /* query i is head i % nq of token i / nq */
     for (int i = 0; i < nall; i++) {
         kv_to_domain_scaled(k, q + (size_t)(i / nq) * ld + (size_t)(i % nq) * d, scale, qd + (size_t)i * d);
@@ -81,7 +104,7 @@ void attn_block(const KVStream *k, const KVStream *v, const float *q, int nq, in
     for (int i = 0; i < nall; i++) {
         kv_from_domain_scaled(v, acc + (size_t)i * d, 1.0f / l[i], out + (size_t)(i / nq) * ld + (size_t)(i % nq) * d);
     }
-    _mm_setcsr(csr);
+    flush_off(fp);
 }
 
 void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out,

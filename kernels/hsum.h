@@ -4,11 +4,13 @@
  * tiles): one shuffle tree for four vectors costs about what one
  * _mm512_reduce_add_ps costs for a single vector. Each output's tree only
  * involves its own vector's lanes, in a fixed order, so a sum does not
- * depend on which vectors sit beside it (zeros included).
+ * depend on which vectors sit beside it (zeros included). x86-64 only:
+ * elsewhere this header is empty.
  */
 #ifndef KERNELS_HSUM_H
 #define KERNELS_HSUM_H
 
+#if defined(__x86_64__)
 #include <immintrin.h>
 
 /* [sum(a), sum(b), sum(c), sum(d)] */
@@ -33,5 +35,6 @@ __attribute__((target("avx512f,avx512dq"), always_inline)) static inline __m128i
     __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti32x8_epi32(s, 1));
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
+#endif /* __x86_64__ */
 
 #endif

@@ -39,14 +39,15 @@
  * (bf16_dot2). Exact f32 activations cannot use it with profit: split
  * into two bf16 halves they take two of them per 32 products, as many as
  * the FMAs.
+ *
+ * The SIMD paths are x86-64 only: other CPUs run matmul_ref (and
+ * kernels_isa() is "ref" there).
  */
 #include "kernels/matmul.h"
 #include "kernels/quant32.h"
 #include "kernels/half.h"
-#include "kernels/hsum.h"
 
 #include <float.h>
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
@@ -62,6 +63,11 @@ typedef enum { ISA_REF, ISA_AVX2, ISA_AVX512, ISA_VNNI } Isa;
  * it is read and written atomically (two first uses just agree). */
 static int g_isa = -1;
 
+/* What the CPU has: isa_detect, the best level; cpu_has_bf16, AVX-512 BF16
+ * (vcvtne2ps2bf16, vdpbf16ps), which the DT_BF16D kernel needs besides
+ * ISA_AVX512. The x86 kernels are compiled for x86-64 only: on other CPUs
+ * the plain C reference is the one level. */
+#if defined(__x86_64__)
 static Isa isa_detect(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -73,9 +79,7 @@ static Isa isa_detect(void) {
     return ISA_REF;
 }
 
-/* Whether the CPU has AVX-512 BF16 (vcvtne2ps2bf16, vdpbf16ps), which the
- * DT_BF16D kernel needs besides ISA_AVX512; -1 until first asked, then
- * kept as g_isa is. */
+/* -1 until first asked, then kept as g_isa is. */
 static int g_bf16 = -1;
 static int cpu_has_bf16(void) {
     int v = __atomic_load_n(&g_bf16, __ATOMIC_RELAXED);
@@ -86,6 +90,19 @@ static int cpu_has_bf16(void) {
     }
     return v;
 }
+
+const char *kernels_built(void) { return "x86-64 AVX2/AVX-512 and plain C"; }
+
+/* kernels_check_env's refusal of a level above isa_detect's */
+#define ISA_ABOVE "this CPU runs %s at most"
+#else
+static Isa isa_detect(void) { return ISA_REF; }
+static int cpu_has_bf16(void) { return 0; }
+
+const char *kernels_built(void) { return "plain C"; }
+
+#define ISA_ABOVE "x86 kernels exist on x86-64 only, this CPU runs %s"
+#endif
 
 static Isa isa(void) {
     int v = __atomic_load_n(&g_isa, __ATOMIC_RELAXED);
@@ -116,7 +133,7 @@ int kernels_check_env(char *err, size_t errlen) {
     for (int i = 0; i < 4; i++)
         if (strcmp(env, names[i]) == 0) {
             if (i <= (int)isa_detect()) return 0;
-            snprintf(err, errlen, "RUN_ISA=%s: this CPU runs %s at most", env, names[isa_detect()]);
+            snprintf(err, errlen, "RUN_ISA=%s: " ISA_ABOVE, env, names[isa_detect()]);
             return -1;
         }
     snprintf(err, errlen, "RUN_ISA: expected ref, avx2, avx512 or avx512vnni, found '%.40s'", env);
@@ -132,6 +149,13 @@ int kernels_set_isa(const char *name) {
     __atomic_store_n(&g_isa, (int)want, __ATOMIC_RELAXED);
     return 0;
 }
+
+/* Which of the relaid layouts have their fast kernels here (matmul.h). */
+int matmul_has_q8i(void) { return isa() == ISA_VNNI; }
+
+int matmul_has_panels(void) { return isa() >= ISA_AVX512; }
+
+int matmul_has_dpanels(void) { return isa() >= ISA_AVX512 && cpu_has_bf16(); }
 
 /* Where row r (mod 32) of a DT_BF16P panel sits in each column's 64-byte
  * word: half-word 2r for rows 0-15 (the lanes' low halves), 2(r - 16) + 1
@@ -339,6 +363,11 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
             y[(size_t)i * out + o] = acc;
         }
 }
+
+#if defined(__x86_64__)
+#include "kernels/hsum.h"
+
+#include <immintrin.h>
 
 /* The loop the AVX2 path uses. Threads take chunks of 64 output rows;
  * inside, tokens go in blocks of 64, so a chunk's weights and a block's
@@ -1030,12 +1059,6 @@ matmul512(float *const *y, const Weight *const *w, int count, const float *x, in
  * the +128), converted and scaled by d_w (16 rows, one load) times d_x:
  * about 11 vector instructions per 512 multiply-adds, where widening q8 to
  * f32 takes 160, so drafts stop being bound by arithmetic. */
-int matmul_has_q8i(void) { return isa() == ISA_VNNI; }
-
-int matmul_has_panels(void) { return isa() >= ISA_AVX512; }
-
-int matmul_has_dpanels(void) { return isa() >= ISA_AVX512 && cpu_has_bf16(); }
-
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma"), always_inline)) static inline
 
 /* Rows [o, o + 16) for T tokens from i: qx [n, in] codes, dx and bias
@@ -1207,5 +1230,17 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
         else matmul_ref(y[k], x, w[k], n);
     }
 }
+
+#else
+/* Other CPUs: the plain C reference, one matrix after the other. */
+int matmul_reserve(int n, int cols) {
+    (void)n, (void)cols;
+    return 0;
+}
+
+void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
+    for (int k = 0; k < count; k++) matmul_ref(y[k], x, w[k], n);
+}
+#endif /* __x86_64__ */
 
 void matmul(float *y, const float *x, const Weight *w, int n) { matmul_multi(&y, &w, 1, x, n); }

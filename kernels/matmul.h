@@ -109,13 +109,17 @@ void weight_row(const Weight *w, int r, float *out);
 
 /* Which implementation matmul, the vec_* and the KV kernels use:
  * "avx512vnni" (AVX-512 with its 8-bit dot product, for the integer
- * kernels), "avx512", "avx2" or "ref". Chosen once from the CPU's features;
+ * kernels), "avx512", "avx2" or "ref". Chosen once from the CPU's features
+ * ("ref" on CPUs other than x86-64, which have only the plain C kernels);
  * the environment variable RUN_ISA=ref|avx2|avx512 forces a lower one.
  * f32 activations never go through vdpbf16ps: split into two bf16 halves to
  * keep f32 accuracy, they need two instructions per 32 products, no fewer
  * than the FMAs over widened bf16 weights (measurements:
  * docs/kernel-notes.md#bf16-split-activations). */
 const char *kernels_isa(void);
+/* The kernels this build holds, for --version: "x86-64 AVX2/AVX-512 and
+ * plain C", or "plain C" on other CPUs. */
+const char *kernels_built(void);
 /* The same choice as a number: 0 ref, 1 avx2, 2 avx512, 3 avx512vnni. */
 int kernels_level(void);
 /* Forces the ISA by name; returns 0, or -1 if the CPU lacks it (tests). */

@@ -17,11 +17,11 @@
  * polynomial; 2^k applied with vscalefps, which also gives inf at the top.
  * Within 2 ulp of libm's expf on [-87.33, 88], NaN, inf and 0 where libm
  * gives them, and 0 where libm's result would be subnormal (tested).
+ * Other CPUs than x86-64 run the plain C versions (the _ref functions).
  */
 #include "kernels/ops.h"
 #include "kernels/matmul.h"
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -47,6 +47,50 @@ void rope(float *x, const float *cs, const float *sn, int d) {
         x[i + h] = b * cs[i] + a * sn[i];
     }
 }
+
+void swiglu_ref(float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+}
+
+float max_from_ref(const float *x, int n, float m) {
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+long find_nonfinite(const float *x, long n) {
+    /* the exponent field all ones is NaN or Inf; an OR over a block keeps
+     * the common all-finite case one vectorised pass */
+    const long B = 1024;
+    for (long i0 = 0; i0 < n; i0 += B) {
+        const long e = n - i0 < B ? n - i0 : B;
+        uint32_t any = 0;
+        for (long i = 0; i < e; i++) {
+            uint32_t u;
+            memcpy(&u, x + i0 + i, 4);
+            any |= (uint32_t)((u & 0x7F800000u) == 0x7F800000u);
+        }
+        if (!any) continue;
+        for (long i = 0; i < e; i++)
+            if (!isfinite(x[i0 + i])) return i0 + i;
+    }
+    return -1;
+}
+
+int argmax_ref(const float *x, int n) {
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (x[i] == x[i] && (best < 0 || x[i] > x[best])) best = i;
+    return best < 0 ? 0 : best;
+}
+
+float exp_sub_sum_ref(float *x, int n, float m) {
+    float sum = 0;
+    for (int i = 0; i < n; i++) sum += (x[i] = expf(x[i] - m));
+    return sum;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 #define AVX512 __attribute__((target("avx512f"))) static inline
 
@@ -86,10 +130,6 @@ void exp16_array(float *y, const float *x, int n) {
     for (; i < n; i++) y[i] = expf(x[i]);
 }
 
-void swiglu_ref(float *a, const float *b, int n) {
-    for (int i = 0; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
-}
-
 AVX512 void swiglu16(float *a, const float *b, int n) {
     const __m512 one = _mm512_set1_ps(1.0f);
     int i = 0;
@@ -106,11 +146,6 @@ void swiglu(float *a, const float *b, int n) {
     else swiglu_ref(a, b, n);
 }
 
-float max_from_ref(const float *x, int n, float m) {
-    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
-    return m;
-}
-
 /* 16 running maxima, then the largest of them: the same value as the
  * sequential loop (max is exact; NaNs are skipped by both). */
 AVX512 float max_from16(const float *x, int n, float m) {
@@ -120,34 +155,8 @@ AVX512 float max_from16(const float *x, int n, float m) {
     return max_from_ref(x + i, n - i, _mm512_reduce_max_ps(acc));
 }
 
-long find_nonfinite(const float *x, long n) {
-    /* the exponent field all ones is NaN or Inf; an OR over a block keeps
-     * the common all-finite case one vectorised pass */
-    const long B = 1024;
-    for (long i0 = 0; i0 < n; i0 += B) {
-        const long e = n - i0 < B ? n - i0 : B;
-        uint32_t any = 0;
-        for (long i = 0; i < e; i++) {
-            uint32_t u;
-            memcpy(&u, x + i0 + i, 4);
-            any |= (uint32_t)((u & 0x7F800000u) == 0x7F800000u);
-        }
-        if (!any) continue;
-        for (long i = 0; i < e; i++)
-            if (!isfinite(x[i0 + i])) return i0 + i;
-    }
-    return -1;
-}
-
 float max_from(const float *x, int n, float m) {
     return kernels_level() >= 2 ? max_from16(x, n, m) : max_from_ref(x, n, m);
-}
-
-int argmax_ref(const float *x, int n) {
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (x[i] == x[i] && (best < 0 || x[i] > x[best])) best = i;
-    return best < 0 ? 0 : best;
 }
 
 /* The largest value (max_from16), then the first lane equal to it: two
@@ -169,12 +178,6 @@ AVX512 int argmax16(const float *x, int n) {
 
 int argmax(const float *x, int n) { return kernels_level() >= 2 ? argmax16(x, n) : argmax_ref(x, n); }
 
-float exp_sub_sum_ref(float *x, int n, float m) {
-    float sum = 0;
-    for (int i = 0; i < n; i++) sum += (x[i] = expf(x[i] - m));
-    return sum;
-}
-
 /* 16 lanes of partial sums, reduced in a fixed tree, then the tail. */
 AVX512 float exp_sub_sum16(float *x, int n, float m) {
     __m512 acc = _mm512_setzero_ps();
@@ -191,3 +194,12 @@ AVX512 float exp_sub_sum16(float *x, int n, float m) {
 float exp_sub_sum(float *x, int n, float m) {
     return kernels_level() >= 2 ? exp_sub_sum16(x, n, m) : exp_sub_sum_ref(x, n, m);
 }
+#else
+void exp16_array(float *y, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+void swiglu(float *a, const float *b, int n) { swiglu_ref(a, b, n); }
+float max_from(const float *x, int n, float m) { return max_from_ref(x, n, m); }
+int argmax(const float *x, int n) { return argmax_ref(x, n); }
+float exp_sub_sum(float *x, int n, float m) { return exp_sub_sum_ref(x, n, m); }
+#endif /* __x86_64__ */

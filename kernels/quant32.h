@@ -12,12 +12,12 @@
  * s8) adds to the integer dot, so an accumulator started at it cancels it.
  * quantize32_512 gives the same numbers as quantize32_ref for finite x:
  * the max and the sum are exact in any order, the scale is the same
- * scalar arithmetic, and vcvtps2dq rounds as lrintf does by default.
+ * scalar arithmetic, and vcvtps2dq rounds as lrintf does by default
+ * (x86-64 only; elsewhere quantize32_ref is the one version).
  */
 #ifndef KERNELS_QUANT32_H
 #define KERNELS_QUANT32_H
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -30,6 +30,9 @@ static inline float quantize32_ref(const float *x, int8_t *q, int32_t *bias) {
     *bias = -128 * sum;
     return d;
 }
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), always_inline)) static inline float
 quantize32_512(const float *x, int8_t *q, int32_t *bias) {
@@ -44,5 +47,6 @@ quantize32_512(const float *x, int8_t *q, int32_t *bias) {
     *bias = (int32_t)(0u - 128u * (uint32_t)_mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh)));
     return d;
 }
+#endif /* __x86_64__ */
 
 #endif

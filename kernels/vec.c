@@ -11,12 +11,11 @@
  * machines: vectors here are one head long, too short for 16 lanes to pay
  * for their tails. f16 follows IEEE 754 binary16, narrowing rounds to
  * nearest even as kernels/half.h does; each _ref is the plain C the tests
- * hold the dispatched version to. */
+ * hold the dispatched version to. Other CPUs than x86-64 run the _ref
+ * versions. */
 #include "kernels/vec.h"
 #include "kernels/half.h"
 #include "kernels/matmul.h"
-
-#include <immintrin.h>
 
 float vec_dot_f32_ref(const float *a, const float *b, int n) {
     float s = 0;
@@ -41,6 +40,9 @@ void vec_axpy_f16_ref(float *y, float a, const uint16_t *x, int n) {
 void vec_f32_to_f16_ref(uint16_t *out, const float *x, int n) {
     for (int i = 0; i < n; i++) out[i] = f32_to_f16(x[i]);
 }
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -125,3 +127,10 @@ void vec_f32_to_f16(uint16_t *out, const float *x, int n) {
     if (fast()) f32_to_f16_avx2(out, x, n);
     else vec_f32_to_f16_ref(out, x, n);
 }
+#else
+float vec_dot_f32(const float *a, const float *b, int n) { return vec_dot_f32_ref(a, b, n); }
+float vec_dot_f16(const uint16_t *a, const float *b, int n) { return vec_dot_f16_ref(a, b, n); }
+void vec_axpy_f32(float *y, float a, const float *x, int n) { vec_axpy_f32_ref(y, a, x, n); }
+void vec_axpy_f16(float *y, float a, const uint16_t *x, int n) { vec_axpy_f16_ref(y, a, x, n); }
+void vec_f32_to_f16(uint16_t *out, const float *x, int n) { vec_f32_to_f16_ref(out, x, n); }
+#endif /* __x86_64__ */

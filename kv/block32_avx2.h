@@ -18,6 +18,8 @@
 #ifndef KV_BLOCK32_AVX2_H
 #define KV_BLOCK32_AVX2_H
 
+#if defined(__x86_64__) /* x86 kernels: the includer's x86 region uses them, other CPUs never */
+
 #include "kv/kv.h"
 
 #include <immintrin.h>
@@ -104,5 +106,7 @@ B32_AVX2 void b32_accum(const KVStream *s, B32Load load, const float *p, int ldp
                                                                     int nq, int t0, int t1, float *acc) {            \
         b32_accum(s, LOAD, p, ldp, nq, t0, t1, acc);                                                                 \
     }
+
+#endif /* __x86_64__ */
 
 #endif

@@ -9,13 +9,12 @@
  * Narrowing rounds to nearest even (kernels/half.h, IEEE 754 binary16);
  * scores and the value sum widen each half in registers (F16C), never into
  * a float buffer: AVX-512 tiles (kv/tile512.h) where the CPU has them,
- * else kernels/vec.c.
+ * else kernels/vec.c (always, on other CPUs than x86-64).
  */
 #include "kernels/vec.h"
 #include "kernels/half.h"
 #include "kernels/matmul.h"
 #include "kv/kv.h"
-#include "kv/tile512.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +54,20 @@ static void f16_dequant(const KVStream *s, int t, float *out) {
     for (int j = 0; j < s->d; j++) out[j] = f16_to_f32(h[j]);
 }
 
+/* One dot or axpy per position and head (kernels/vec.c, AVX2 or plain C). */
+static void score_vec(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    for (int t = t0; t < t1; t++)
+        for (int i = 0; i < nq; i++) out[(size_t)i * ldo + (t - t0)] = vec_dot_f16(row(s, t), q + (size_t)i * s->d, s->d);
+}
+
+static void accum_vec(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    for (int t = t0; t < t1; t++)
+        for (int i = 0; i < nq; i++) vec_axpy_f16(acc + (size_t)i * s->d, p[(size_t)i * ldp + (t - t0)], row(s, t), s->d);
+}
+
+#if defined(__x86_64__)
+#include "kv/tile512.h"
+
 TILE512 void widen32(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi) {
     *lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row(s, t) + j)));
     *hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row(s, t) + j + 16)));
@@ -62,25 +75,26 @@ TILE512 void widen32(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi) {
 
 TILE512_KERNELS(widen32, (size_t)s->d * 2)
 
-/* AVX-512 tiles (kv/tile512.h) where the CPU and d allow; else one dot or
- * axpy per position and head (kernels/vec.c, AVX2 or plain C). */
+/* AVX-512 tiles (kv/tile512.h) where the CPU and d allow; else the vec
+ * loops. */
 static void f16_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    if (kernels_level() >= 2 && s->d % 32 == 0) {
-        score512(s, q, nq, t0, t1, out, ldo);
-        return;
-    }
-    for (int t = t0; t < t1; t++)
-        for (int i = 0; i < nq; i++) out[(size_t)i * ldo + (t - t0)] = vec_dot_f16(row(s, t), q + (size_t)i * s->d, s->d);
+    if (kernels_level() >= 2 && s->d % 32 == 0) score512(s, q, nq, t0, t1, out, ldo);
+    else score_vec(s, q, nq, t0, t1, out, ldo);
 }
 
 static void f16_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
-    if (kernels_level() >= 2 && s->d % 128 == 0) {
-        accum512(s, p, ldp, nq, t0, t1, acc);
-        return;
-    }
-    for (int t = t0; t < t1; t++)
-        for (int i = 0; i < nq; i++) vec_axpy_f16(acc + (size_t)i * s->d, p[(size_t)i * ldp + (t - t0)], row(s, t), s->d);
+    if (kernels_level() >= 2 && s->d % 128 == 0) accum512(s, p, ldp, nq, t0, t1, acc);
+    else accum_vec(s, p, ldp, nq, t0, t1, acc);
 }
+#else
+static void f16_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    score_vec(s, q, nq, t0, t1, out, ldo);
+}
+
+static void f16_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    accum_vec(s, p, ldp, nq, t0, t1, acc);
+}
+#endif /* __x86_64__ */
 
 static size_t f16_bytes(const KVStream *s) { return (size_t)s->cap * s->d * sizeof(uint16_t); }
 

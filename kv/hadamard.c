@@ -17,13 +17,13 @@
  * where the CPU has it: the block as 8 vectors of 16, stages h = 16, 32, 64
  * between vectors and h = 1..8 inside each with a lane shuffle. It does the
  * same adds in the same pairs as had_fwht, so its results are bit-identical
- * to the plain C block (tested).
+ * to the plain C block (tested). Other CPUs than x86-64 run the plain C
+ * block.
  */
 #include "kv/hadamard.h"
 #include "kernels/matmul.h"
 #include "kv/kv.h"
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -70,6 +70,9 @@ static void block_ref(const float *x, float *y, int n, int pre, int post) {
     had_fwht(t, n);
     for (int j = 0; j < n; j++) y[j] = (post ? (float)had_sign(post, j) : 1.0f) * t[j] * inv;
 }
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512dq"))) static
 
@@ -123,6 +126,12 @@ static void blocks(const float *x, float *y, int d, int pre, int post) {
         else block_ref(x + b, y + b, n, pre, post);
     }
 }
+#else
+static void blocks(const float *x, float *y, int d, int pre, int post) {
+    const int n = had_block(d);
+    for (int b = 0; b < d; b += n) block_ref(x + b, y + b, n, pre, post);
+}
+#endif /* __x86_64__ */
 
 void had_rotate(const float *x, float *y, int d) { blocks(x, y, d, 1, 2); }
 void had_unrotate(const float *y, float *x, int d) { blocks(y, x, d, 2, 1); }

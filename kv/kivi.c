@@ -37,7 +37,6 @@
 #include "kernels/vec.h"
 #include "kv/kv.h"
 
-#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -324,6 +323,9 @@ static void accum_values_c(const KVStream *s, const float *p, int ldp, int nq, i
     accum_window(s, p, ldp, nq, t0 > tq ? t0 : tq, t1, acc, t0);
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 AVX2 static inline float hsum(__m256 v) {
@@ -487,6 +489,18 @@ static void kivi_accum(const KVStream *s, const float *p, int ldp, int nq, int t
     else if (kernels_level() > 0 && k->G % 8 == 0) accum_values_avx2(s, p, ldp, nq, t0, t1, acc);
     else accum_values_c(s, p, ldp, nq, t0, t1, acc);
 }
+#else
+/* Other CPUs: the same, in plain C. */
+static void kivi_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    if (s->role != 0) kv_score_ref(s, q, nq, t0, t1, out, ldo);
+    else score_keys_c(s, q, nq, t0, t1, out, ldo);
+}
+
+static void kivi_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    if (s->role != 1) kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
+    else accum_values_c(s, p, ldp, nq, t0, t1, acc);
+}
+#endif /* __x86_64__ */
 
 const KVScheme kv_kivi2 = {
     .name = "kivi2", .desc = "KIVI 2-bit: K per channel, V per token, f32 window (g32:r128)",

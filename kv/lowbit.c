@@ -1,7 +1,8 @@
 /* lowbit.c: code packing, block encode/decode and the AVX2 / AVX-512
  * score and accumulate kernels of the packed low-bit KV schemes (layouts in
  * lowbit.h), with integer (AVX-512 VNNI) ones for tbq4's shape at the end.
- * The plain C path is kv.c's reference over lb_dequant.
+ * The plain C path is kv.c's reference over lb_dequant (the only one on
+ * other CPUs than x86-64).
  *
  * Data flow: attn/ -> kv_score / kv_accum -> the scheme's table (tbq2/3/4,
  * polar4, lm3, q4h point at lb_kv_score / lb_kv_accum) -> here; the index
@@ -29,12 +30,9 @@
  */
 #include "kv/lowbit.h"
 #include "kernels/half.h"
-#include "kernels/hsum.h"
 #include "kernels/matmul.h"
 #include "kv/lloydmax.h"
-#include "kv/pairs16.h"
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,24 +68,15 @@ int lb_code(const uint8_t *qs, int bits, int j) {
     return (int)(v >> (3 * (j % 8))) & 7;
 }
 
-/* lm_nearest for 16 values at a time: one compare per midpoint, counted
- * in the lanes (the same strict v > mid, so the same indices). */
-__attribute__((target("avx512f"))) static void nearest16(const float *mid, int k, const float *y, int *idx) {
-    __m512 v = _mm512_loadu_ps(y);
-    __m512i c = _mm512_setzero_si512();
-    const __m512i one = _mm512_set1_epi32(1);
-    for (int m = 0; m < k - 1; m++)
-        c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(v, _mm512_set1_ps(mid[m]), _CMP_GT_OQ), c, one);
-    _mm512_storeu_si512(idx, c);
-}
+/* lm_nearest's indices of y[0..j) for the largest j its SIMD path takes
+ * (defined with the kernels below, 0 where none runs); returns j. */
+static int nearest_fast(const float *mid, int k, const float *y, int n, int *idx);
 
 float lb_encode(const LbFmt *f, const float *y, uint8_t *qs) {
     const int bits = f->kind, k = 1 << bits;
     float nn = 0;
     int idx[KV_MAX_DIM];
-    int j0 = 0;
-    if (kernels_level() >= 2)
-        for (; j0 + 16 <= f->n; j0 += 16) nearest16(f->mid, k, y + j0, idx + j0);
+    const int j0 = nearest_fast(f->mid, k, y, f->n, idx);
     for (int j = j0; j < f->n; j++) idx[j] = lm_nearest(f->mid, k, y[j]);
     memset(qs, 0, (size_t)(f->n * bits / 8));
     for (int j = 0; j < f->n; j++) {
@@ -138,6 +127,142 @@ void lb_dequant(const LbFmt *f, const uint8_t *vec, float *out) {
         }
         for (int j = 0; j < f->n; j++) out[j] *= s;
     }
+}
+
+/* ---- the integer scores in plain C (their kernels: VNNI scores, below) -- */
+
+/* One head's query as the integer score reads it. */
+typedef struct {
+    int8_t qe[64], qo[64];
+    int32_t bias; /* 128 Σ q8: what the codebook's +128 adds */
+    float inv;    /* 1 / (q_s · cb8_s), 0 for an all-zero query */
+} LbQ8;
+
+/* The scale both query paths use: 127 / max|q|; -1 for a non-finite
+ * query (the float path takes it), 0 for an all-zero one. */
+static float q8_scale(const float *q) {
+    float m = 0;
+    for (int j = 0; j < 128; j++) {
+        if (!isfinite(q[j])) return -1;
+        m = fmaxf(m, fabsf(q[j]));
+    }
+    return m > 0 ? 127.0f / m : 0;
+}
+
+static void q8_finish(LbQ8 *o, float s, float cb8_s, int32_t sum) {
+    o->bias = 128 * sum;
+    o->inv = s > 0 ? 1.0f / (s * cb8_s) : 0;
+}
+
+static void q8_prep_ref(const float *q, float s, float cb8_s, LbQ8 *o) {
+    int32_t sum = 0;
+    for (int b = 0; b < 64; b++) {
+        o->qe[b] = (int8_t)lrintf(q[2 * b] * s);
+        o->qo[b] = (int8_t)lrintf(q[2 * b + 1] * s);
+        sum += o->qe[b] + o->qo[b];
+    }
+    q8_finish(o, s, cb8_s, sum);
+}
+
+/* Integer sum of one position's codes against one query. */
+static int32_t i8_dot_ref(const uint8_t *cb8, const uint8_t *qs, const LbQ8 *o) {
+    int32_t a = 0;
+    for (int b = 0; b < 64; b++) a += cb8[qs[b] & 15] * o->qe[b] + cb8[qs[b] >> 4] * o->qo[b];
+    return a;
+}
+
+static int i8_path(const KVStream *s) {
+    const LbFmt *f = s->aux;
+    return f->kind == LB_IDX4 && !f->renorm && f->nb == 1 && f->n == 128 && s->d == 128;
+}
+
+int lb_score_i8_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const LbFmt *f = s->aux;
+    if (!i8_path(s)) return -1;
+    for (int i = 0; i < nq; i++)
+        if (q8_scale(q + (size_t)i * 128) < 0) return -1;
+    for (int i = 0; i < nq; i++) {
+        LbQ8 o;
+        q8_prep_ref(q + (size_t)i * 128, q8_scale(q + (size_t)i * 128), f->cb8_s, &o);
+        for (int t = t0; t < t1; t++) {
+            const uint8_t *blk = s->data + (size_t)t * (size_t)f->vec_bytes;
+            out[(size_t)i * ldo + (t - t0)] = (float)(i8_dot_ref(f->cb8, blk + f->hdr, &o) - o.bias) * header(blk, f->hdr) * o.inv;
+        }
+    }
+    return 0;
+}
+
+/* ---- stream glue --------------------------------------------------------- */
+
+int lb_stream_init(KVStream *s, const LbFmt *f, size_t aux_bytes, char *err, size_t errlen) {
+    s->data = malloc((size_t)s->cap * (size_t)f->vec_bytes);
+    s->aux = calloc(1, aux_bytes);
+    if (!s->data || !s->aux) {
+        free(s->data);
+        free(s->aux);
+        s->data = NULL;
+        s->aux = NULL;
+        snprintf(err, errlen, "%s: out of memory for %d positions", s->scheme->name, s->cap);
+        return -1;
+    }
+    memcpy(s->aux, f, sizeof *f);
+    return 0;
+}
+
+uint8_t *lb_slot(KVStream *s) {
+    const LbFmt *f = s->aux;
+    return s->data + (size_t)s->len * (size_t)f->vec_bytes;
+}
+
+int lb_no_opts(const KVOpts *o, const char *scheme, char *err, size_t errlen) {
+    if (!o->group && !o->residual) return 0;
+    snprintf(err, errlen, "%s: takes no options (found g/r)", scheme);
+    return -1;
+}
+
+void lb_kv_free(KVStream *s) {
+    free(s->data);
+    free(s->aux);
+}
+
+/* Vectors are independent: nothing beyond len is ever read. */
+void lb_kv_truncate(KVStream *s, int n) {
+    (void)s;
+    (void)n;
+}
+
+void lb_kv_dequant(const KVStream *s, int t, float *out) {
+    const LbFmt *f = s->aux;
+    lb_dequant(f, s->data + (size_t)t * (size_t)f->vec_bytes, out);
+}
+
+size_t lb_kv_bytes(const KVStream *s) {
+    const LbFmt *f = s->aux;
+    return (size_t)s->cap * (size_t)f->vec_bytes;
+}
+
+#if defined(__x86_64__)
+#include "kernels/hsum.h"
+#include "kv/pairs16.h"
+
+#include <immintrin.h>
+
+/* lm_nearest for 16 values at a time: one compare per midpoint, counted
+ * in the lanes (the same strict v > mid, so the same indices). */
+__attribute__((target("avx512f"))) static void nearest16(const float *mid, int k, const float *y, int *idx) {
+    __m512 v = _mm512_loadu_ps(y);
+    __m512i c = _mm512_setzero_si512();
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int m = 0; m < k - 1; m++)
+        c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(v, _mm512_set1_ps(mid[m]), _CMP_GT_OQ), c, one);
+    _mm512_storeu_si512(idx, c);
+}
+
+static int nearest_fast(const float *mid, int k, const float *y, int n, int *idx) {
+    int j0 = 0;
+    if (kernels_level() >= 2)
+        for (; j0 + 16 <= n; j0 += 16) nearest16(mid, k, y + j0, idx + j0);
+    return j0;
 }
 
 /* ---- AVX2 kernels -------------------------------------------------------- */
@@ -616,69 +741,8 @@ AVX512 static void accum_avx512(const LbFmt *f, const uint8_t *data, int d, cons
  * The price is q and the codebook rounded to 8 bits: at most about 3e-3 of
  * ‖q‖‖k‖ on random data (KVScheme.score_err), beside the 4-bit codes' own
  * error of about 1e-2 ‖q‖‖k‖ RMS. The sums are exact integers below 2^24,
- * so any order gives the same float; lb_score_i8_ref is the same arithmetic
- * in plain C. */
-
-/* One head's query as the integer score reads it. */
-typedef struct {
-    int8_t qe[64], qo[64];
-    int32_t bias; /* 128 Σ q8: what the codebook's +128 adds */
-    float inv;    /* 1 / (q_s · cb8_s), 0 for an all-zero query */
-} LbQ8;
-
-/* The scale both query paths use: 127 / max|q|; -1 for a non-finite
- * query (the float path takes it), 0 for an all-zero one. */
-static float q8_scale(const float *q) {
-    float m = 0;
-    for (int j = 0; j < 128; j++) {
-        if (!isfinite(q[j])) return -1;
-        m = fmaxf(m, fabsf(q[j]));
-    }
-    return m > 0 ? 127.0f / m : 0;
-}
-
-static void q8_finish(LbQ8 *o, float s, float cb8_s, int32_t sum) {
-    o->bias = 128 * sum;
-    o->inv = s > 0 ? 1.0f / (s * cb8_s) : 0;
-}
-
-static void q8_prep_ref(const float *q, float s, float cb8_s, LbQ8 *o) {
-    int32_t sum = 0;
-    for (int b = 0; b < 64; b++) {
-        o->qe[b] = (int8_t)lrintf(q[2 * b] * s);
-        o->qo[b] = (int8_t)lrintf(q[2 * b + 1] * s);
-        sum += o->qe[b] + o->qo[b];
-    }
-    q8_finish(o, s, cb8_s, sum);
-}
-
-/* Integer sum of one position's codes against one query. */
-static int32_t i8_dot_ref(const uint8_t *cb8, const uint8_t *qs, const LbQ8 *o) {
-    int32_t a = 0;
-    for (int b = 0; b < 64; b++) a += cb8[qs[b] & 15] * o->qe[b] + cb8[qs[b] >> 4] * o->qo[b];
-    return a;
-}
-
-static int i8_path(const KVStream *s) {
-    const LbFmt *f = s->aux;
-    return f->kind == LB_IDX4 && !f->renorm && f->nb == 1 && f->n == 128 && s->d == 128;
-}
-
-int lb_score_i8_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    const LbFmt *f = s->aux;
-    if (!i8_path(s)) return -1;
-    for (int i = 0; i < nq; i++)
-        if (q8_scale(q + (size_t)i * 128) < 0) return -1;
-    for (int i = 0; i < nq; i++) {
-        LbQ8 o;
-        q8_prep_ref(q + (size_t)i * 128, q8_scale(q + (size_t)i * 128), f->cb8_s, &o);
-        for (int t = t0; t < t1; t++) {
-            const uint8_t *blk = s->data + (size_t)t * (size_t)f->vec_bytes;
-            out[(size_t)i * ldo + (t - t0)] = (float)(i8_dot_ref(f->cb8, blk + f->hdr, &o) - o.bias) * header(blk, f->hdr) * o.inv;
-        }
-    }
-    return 0;
-}
+ * so any order gives the same float; lb_score_i8_ref (above) is the same
+ * arithmetic in plain C. */
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define VNNI_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"), always_inline)) static inline
@@ -831,50 +895,6 @@ accum_i16(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, fl
     return 0;
 }
 
-/* ---- stream glue --------------------------------------------------------- */
-
-int lb_stream_init(KVStream *s, const LbFmt *f, size_t aux_bytes, char *err, size_t errlen) {
-    s->data = malloc((size_t)s->cap * (size_t)f->vec_bytes);
-    s->aux = calloc(1, aux_bytes);
-    if (!s->data || !s->aux) {
-        free(s->data);
-        free(s->aux);
-        s->data = NULL;
-        s->aux = NULL;
-        snprintf(err, errlen, "%s: out of memory for %d positions", s->scheme->name, s->cap);
-        return -1;
-    }
-    memcpy(s->aux, f, sizeof *f);
-    return 0;
-}
-
-uint8_t *lb_slot(KVStream *s) {
-    const LbFmt *f = s->aux;
-    return s->data + (size_t)s->len * (size_t)f->vec_bytes;
-}
-
-int lb_no_opts(const KVOpts *o, const char *scheme, char *err, size_t errlen) {
-    if (!o->group && !o->residual) return 0;
-    snprintf(err, errlen, "%s: takes no options (found g/r)", scheme);
-    return -1;
-}
-
-void lb_kv_free(KVStream *s) {
-    free(s->data);
-    free(s->aux);
-}
-
-/* Vectors are independent: nothing beyond len is ever read. */
-void lb_kv_truncate(KVStream *s, int n) {
-    (void)s;
-    (void)n;
-}
-
-void lb_kv_dequant(const KVStream *s, int t, float *out) {
-    const LbFmt *f = s->aux;
-    lb_dequant(f, s->data + (size_t)t * (size_t)f->vec_bytes, out);
-}
-
 /* Heads go in groups of at most 4 (5 -> 3 + 2, 8 -> 4 + 4), or 2 where the
  * float AVX-512 path would give up to two heads score16_one, whose sums run
  * in another order than score16_pos's: so a head's scores never depend on
@@ -918,8 +938,18 @@ void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int
         i0 += m;
     }
 }
-
-size_t lb_kv_bytes(const KVStream *s) {
-    const LbFmt *f = s->aux;
-    return (size_t)s->cap * (size_t)f->vec_bytes;
+#else
+/* Other CPUs: lm_nearest and kv.c's reference over lb_dequant. */
+static int nearest_fast(const float *mid, int k, const float *y, int n, int *idx) {
+    (void)mid, (void)k, (void)y, (void)n, (void)idx;
+    return 0;
 }
+
+void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    kv_score_ref(s, q, nq, t0, t1, out, ldo);
+}
+
+void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
+}
+#endif /* __x86_64__ */

@@ -31,6 +31,8 @@
 #ifndef KV_PAIRS16_H
 #define KV_PAIRS16_H
 
+#if defined(__x86_64__) /* x86 kernels: the includer's x86 region uses them, other CPUs never */
+
 #include "kv/kv.h"
 
 #include <immintrin.h>
@@ -166,5 +168,7 @@ PAIRS16 int p16_accum(const KVStream *s, Dec16 D, Scale16 S, const int G1, size_
     }
     return 0;
 }
+
+#endif /* __x86_64__ */
 
 #endif

@@ -4,7 +4,8 @@
  * Data flow: kv_stream_append quantizes one K or V vector into d/32 blocks;
  * attention scores and sums straight from the nibbles (q4_score, q4_accum),
  * never widening a cached vector into a float buffer: AVX-512 tiles
- * (kv/tile512.h) where the CPU has them, else AVX2 or plain C below.
+ * (kv/tile512.h) where the CPU has them, else AVX2 or plain C below (plain
+ * C on other CPUs than x86-64).
  *
  *   block:  | fp16 d | uint8 qs[16] |        18 bytes per 32 values (4.5 bits)
  *   qs[j] = code[j] | code[j+16] << 4        (element j low nibble, j+16 high)
@@ -17,11 +18,8 @@
  */
 #include "kernels/half.h"
 #include "kernels/matmul.h"
-#include "kv/block32_avx2.h"
 #include "kv/kv.h"
-#include "kv/tile512.h"
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,6 +132,12 @@ static void accum_c(const KVStream *s, const float *p, int ldp, int nq, int t0, 
     }
 }
 
+#if defined(__x86_64__)
+#include "kv/block32_avx2.h"
+#include "kv/tile512.h"
+
+#include <immintrin.h>
+
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 /* 16 packed bytes -> 4 x 8 floats of code - 8 (elements 0-7, 8-15, 16-23, 24-31):
@@ -182,6 +186,15 @@ static void q4_accum(const KVStream *s, const float *p, int ldp, int nq, int t0,
     else if (kernels_level() > 0) accum_avx2(s, p, ldp, nq, t0, t1, acc);
     else accum_c(s, p, ldp, nq, t0, t1, acc);
 }
+#else
+static void q4_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    score_c(s, q, nq, t0, t1, out, ldo);
+}
+
+static void q4_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    accum_c(s, p, ldp, nq, t0, t1, acc);
+}
+#endif /* __x86_64__ */
 
 static size_t q4_bytes(const KVStream *s) { return (size_t)s->cap * row_bytes(s); }
 

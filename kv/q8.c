@@ -8,7 +8,7 @@
  * the tiles (q8_score, q8_accum), never widening a cached vector into a
  * float buffer: with AVX-512 VNNI as integer dot products over whole tiles,
  * else in floats over whole tiles with AVX-512 or AVX2 (all below), else
- * plain C through the accessors.
+ * plain C through the accessors (always, on other CPUs than x86-64).
  *
  *   tile (16 positions, 17·d bytes): | scales | codes |
  *   scales: fp16 [d/32 blocks][16 positions]          d bytes
@@ -32,9 +32,7 @@
 #include "kernels/matmul.h"
 #include "kernels/quant32.h"
 #include "kv/kv.h"
-#include "kv/pairs16.h"
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +100,86 @@ static void append_ref(KVStream *s, const float *x) {
     }
 }
 
+/* Positions are independent, so dropping some is only bookkeeping. */
+static void q8_truncate(KVStream *s, int n) { (void)s; (void)n; }
+
+static void q8_dequant(const KVStream *s, int t, float *out) {
+    const uint8_t *tl = tile(s, t);
+    for (int j = 0; j < s->d; j++) out[j] = (int8_t)tl[code_at(s, t, j)] * scale_at(s, t, j / QK);
+}
+
+/* Plain C fast path: per block sum_j q_j·code_j, then one multiply by d. */
+static void score_c(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    for (int t = t0; t < t1; t++) {
+        const uint8_t *tl = tile(s, t);
+        for (int i = 0; i < nq; i++) {
+            const float *qi = q + (size_t)i * s->d;
+            float acc = 0;
+            for (int k = 0; k < s->d / QK; k++) {
+                float dot = 0;
+                for (int j = k * QK; j < (k + 1) * QK; j++) dot += qi[j] * (int8_t)tl[code_at(s, t, j)];
+                acc += dot * scale_at(s, t, k);
+            }
+            out[(size_t)i * ldo + (t - t0)] = acc;
+        }
+    }
+}
+
+static void accum_c(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    for (int t = t0; t < t1; t++) {
+        const uint8_t *tl = tile(s, t);
+        for (int k = 0; k < s->d / QK; k++) {
+            const float d = scale_at(s, t, k);
+            for (int i = 0; i < nq; i++) {
+                const float w = p[(size_t)i * ldp + (t - t0)] * d;
+                float *ai = acc + (size_t)i * s->d;
+                for (int j = k * QK; j < (k + 1) * QK; j++) ai[j] += w * (int8_t)tl[code_at(s, t, j)];
+            }
+        }
+    }
+}
+
+/* ---- the integer scores in plain C (their kernels: integer tiles, below) -- */
+
+/* One head's query in q8_0 blocks, as the integer score reads it. */
+typedef struct {
+    int8_t c[128];
+    float dq[4];      /* block scales d_q, 0 for an all-zero block */
+    int32_t bias[4];  /* accumulator starts, -128 Σ c of a block */
+} Q8Query;
+
+/* 0, or -1 when q has a non-finite value (the float path takes it). */
+static int q8_query_ref(const float *q, Q8Query *o) {
+    for (int j = 0; j < 128; j++)
+        if (!isfinite(q[j])) return -1;
+    for (int b = 0; b < 4; b++) o->dq[b] = quantize32_ref(q + QK * b, o->c + QK * b, &o->bias[b]);
+    return 0;
+}
+
+static int q8_score_int(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    if (s->d != 128 || s->role != 0) return -1;
+    for (int i = 0; i < nq; i++) {
+        Q8Query o;
+        if (q8_query_ref(q + (size_t)i * 128, &o)) return -1;
+        for (int t = t0; t < t1; t++) {
+            const uint8_t *tl = tile(s, t);
+            float f[4];
+            for (int b = 0; b < 4; b++) {
+                int32_t dot = 0; /* exact: |dot| <= 32 * 128 * 127 */
+                for (int j = QK * b; j < QK * (b + 1); j++) dot += (int8_t)tl[code_at(s, t, j)] * o.c[j];
+                f[b] = (float)dot * (scale_at(s, t, b) * o.dq[b]);
+            }
+            out[(size_t)i * ldo + (t - t0)] = (f[0] + f[1]) + (f[2] + f[3]);
+        }
+    }
+    return 0;
+}
+
+#if defined(__x86_64__)
+#include "kv/pairs16.h"
+
+#include <immintrin.h>
+
 /* append_ref in 16 lanes, the same bytes: the max ignores NaN lanes as
  * fmaxf does (vmaxps returns its second operand when the first is NaN),
  * the scale is the same scalar arithmetic, and roundf's half away from
@@ -147,45 +225,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c"))) static void a
 static void q8_append(KVStream *s, const float *x) {
     if (kernels_level() >= 2) append512(s, x);
     else append_ref(s, x);
-}
-
-/* Positions are independent, so dropping some is only bookkeeping. */
-static void q8_truncate(KVStream *s, int n) { (void)s; (void)n; }
-
-static void q8_dequant(const KVStream *s, int t, float *out) {
-    const uint8_t *tl = tile(s, t);
-    for (int j = 0; j < s->d; j++) out[j] = (int8_t)tl[code_at(s, t, j)] * scale_at(s, t, j / QK);
-}
-
-/* Plain C fast path: per block sum_j q_j·code_j, then one multiply by d. */
-static void score_c(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    for (int t = t0; t < t1; t++) {
-        const uint8_t *tl = tile(s, t);
-        for (int i = 0; i < nq; i++) {
-            const float *qi = q + (size_t)i * s->d;
-            float acc = 0;
-            for (int k = 0; k < s->d / QK; k++) {
-                float dot = 0;
-                for (int j = k * QK; j < (k + 1) * QK; j++) dot += qi[j] * (int8_t)tl[code_at(s, t, j)];
-                acc += dot * scale_at(s, t, k);
-            }
-            out[(size_t)i * ldo + (t - t0)] = acc;
-        }
-    }
-}
-
-static void accum_c(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
-    for (int t = t0; t < t1; t++) {
-        const uint8_t *tl = tile(s, t);
-        for (int k = 0; k < s->d / QK; k++) {
-            const float d = scale_at(s, t, k);
-            for (int i = 0; i < nq; i++) {
-                const float w = p[(size_t)i * ldp + (t - t0)] * d;
-                float *ai = acc + (size_t)i * s->d;
-                for (int j = k * QK; j < (k + 1) * QK; j++) ai[j] += w * (int8_t)tl[code_at(s, t, j)];
-            }
-        }
-    }
 }
 
 #define AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline)) static inline
@@ -421,42 +460,8 @@ __attribute__((target("avx2,fma,f16c"))) static void accum_a2(const KVStream *s,
  *   score(t) = (f0 + f1) + (f2 + f3),   f_b = dot_b · (d_k,b · d_q,b)
  *
  * with the 16 d_k of block b one 32-byte load. The rounding of q adds at
- * most about 3e-3 ‖q‖‖k‖ on random data (score_err); q8_score_int is the
- * same arithmetic in plain C. */
-
-/* One head's query in q8_0 blocks, as the integer score reads it. */
-typedef struct {
-    int8_t c[128];
-    float dq[4];      /* block scales d_q, 0 for an all-zero block */
-    int32_t bias[4];  /* accumulator starts, -128 Σ c of a block */
-} Q8Query;
-
-/* 0, or -1 when q has a non-finite value (the float path takes it). */
-static int q8_query_ref(const float *q, Q8Query *o) {
-    for (int j = 0; j < 128; j++)
-        if (!isfinite(q[j])) return -1;
-    for (int b = 0; b < 4; b++) o->dq[b] = quantize32_ref(q + QK * b, o->c + QK * b, &o->bias[b]);
-    return 0;
-}
-
-static int q8_score_int(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
-    if (s->d != 128 || s->role != 0) return -1;
-    for (int i = 0; i < nq; i++) {
-        Q8Query o;
-        if (q8_query_ref(q + (size_t)i * 128, &o)) return -1;
-        for (int t = t0; t < t1; t++) {
-            const uint8_t *tl = tile(s, t);
-            float f[4];
-            for (int b = 0; b < 4; b++) {
-                int32_t dot = 0; /* exact: |dot| <= 32 * 128 * 127 */
-                for (int j = QK * b; j < QK * (b + 1); j++) dot += (int8_t)tl[code_at(s, t, j)] * o.c[j];
-                f[b] = (float)dot * (scale_at(s, t, b) * o.dq[b]);
-            }
-            out[(size_t)i * ldo + (t - t0)] = (f[0] + f[1]) + (f[2] + f[3]);
-        }
-    }
-    return 0;
-}
+ * most about 3e-3 ‖q‖‖k‖ on random data (score_err); q8_score_int (above)
+ * is the same arithmetic in plain C. */
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define VNNI_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"), always_inline)) static inline
@@ -644,6 +649,18 @@ static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0,
     else if (kernels_level() > 0 && s->role == 1 && nq <= 8) accum_a2(s, p, ldp, nq, t0, t1, acc);
     else accum_c(s, p, ldp, nq, t0, t1, acc);
 }
+#else
+/* Other CPUs: plain C throughout. */
+static void q8_append(KVStream *s, const float *x) { append_ref(s, x); }
+
+static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    score_c(s, q, nq, t0, t1, out, ldo);
+}
+
+static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    accum_c(s, p, ldp, nq, t0, t1, acc);
+}
+#endif /* __x86_64__ */
 
 static size_t q8_bytes(const KVStream *s) { return n_tiles(s) * tile_bytes(s); }
 

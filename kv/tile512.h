@@ -22,6 +22,8 @@
 #ifndef KV_TILE512_H
 #define KV_TILE512_H
 
+#if defined(__x86_64__) /* x86 kernels: the includer's x86 region uses them, other CPUs never */
+
 #include "kernels/hsum.h"
 #include "kv/kv.h"
 
@@ -154,5 +156,7 @@ TILE512 void tile_accum_all(const KVStream *s, Widen32 w, size_t rb, const float
                                                                           int nq, int t0, int t1, float *acc) {     \
         tile_accum_all(s, W, RB, p, ldp, nq, t0, t1, acc);                                                           \
     }
+
+#endif /* __x86_64__ */
 
 #endif

@@ -6,8 +6,8 @@
  * (a query's numbers do not depend on the queries sharing its call).
  */
 #include <criterion/criterion.h>
-#include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +17,21 @@
 
 #define TEST_SEED 88172645463325252ULL
 #include "tests/util.h"
+
+/* The floating-point control register attention sets and restores:
+ * MXCSR on x86-64, FPCR on aarch64 (0 elsewhere). */
+#if defined(__x86_64__)
+#include <immintrin.h>
+static uint64_t fp_control(void) { return _mm_getcsr(); }
+#elif defined(__aarch64__)
+static uint64_t fp_control(void) {
+    uint64_t r;
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(r));
+    return r;
+}
+#else
+static uint64_t fp_control(void) { return 0; }
+#endif
 
 /* Per scheme: max relative L2 round-trip error on Gaussian vectors, max
  * relative error of attention output vs f32 attention, and bytes one stored
@@ -410,9 +425,9 @@ Test(kv, attention_close_to_f32) {
 /* Scores spread over about 180 (queries 30x), so that most weights fall
  * below FLT_MIN: attention flushes those to zero (see attn_group) and must
  * still match the plain path, which keeps them, and must hand the caller's
- * MXCSR back unchanged. Float scores, as above; the tolerance is 10x the
- * one above because the scores' rounding is 30x larger too (f32 differs by
- * 1.2e-5). */
+ * MXCSR (FPCR on aarch64) back unchanged. Float scores, as above; the
+ * tolerance is 10x the one above because the scores' rounding is 30x
+ * larger too (f32 differs by 1.2e-5). */
 Test(kv, attention_with_spread_scores) {
     const int d = 128, n = 300, nq = 2;
     const char *isa = kernels_isa();
@@ -432,9 +447,10 @@ Test(kv, attention_with_spread_scores) {
         for (int j = 0; j < nq * d; j++) q[j] *= 30;
         float *scratch = malloc(sizeof(float) * attn_scratch_floats(nq, d));
         if (sc->score_err && kernels_level() >= 3) cr_assert_eq(kernels_set_isa("avx512"), 0);
-        const unsigned csr = _mm_getcsr();
+        const uint64_t csr = fp_control();
         attn_group(&k, &v, q, nq, 1.0f / sqrtf((float)d), o, scratch);
-        cr_expect_eq(_mm_getcsr(), csr, "%s: MXCSR %#x after attention, %#x before", sc->name, _mm_getcsr(), csr);
+        cr_expect_eq(fp_control(), csr, "%s: MXCSR/FPCR %#llx after attention, %#llx before", sc->name,
+                     (unsigned long long)fp_control(), (unsigned long long)csr);
         cr_assert_eq(kernels_set_isa(isa), 0);
         attn_group_ref(&k, &v, q, nq, 1.0f / sqrtf((float)d), o0);
         for (int j = 0; j < nq * d; j++)

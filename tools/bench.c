@@ -72,7 +72,6 @@
  * (each load reads the weights into memory of its own, as ./run does:
  * model_load without MODEL_MAPPED, 1.2 GB for the 0.6B shape).
  */
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -123,6 +122,9 @@ static float gauss(void) {
 
 /* ---- memory bandwidth ---- */
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
 /* Four independent accumulators keep enough loads in flight to saturate
  * memory rather than the add latency. n is a multiple of 64. */
 __attribute__((target("avx512f"))) static float sum_avx512(const float *a, size_t n) {
@@ -149,6 +151,8 @@ __attribute__((target("avx2"))) static float sum_avx2(const float *a, size_t n) 
     return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
 }
 
+#endif
+
 static float sum_plain(const float *a, size_t n) {
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (size_t i = 0; i < n; i += 4) s0 += a[i], s1 += a[i + 1], s2 += a[i + 2], s3 += a[i + 3];
@@ -157,8 +161,12 @@ static float sum_plain(const float *a, size_t n) {
 
 /* Reads the first n floats of a (a multiple of 16384) with t threads. */
 static void read_floats(const float *a, size_t n, int t) {
+#if defined(__x86_64__)
     float (*sum)(const float *, size_t) = __builtin_cpu_supports("avx512f") ? sum_avx512
                                           : __builtin_cpu_supports("avx2") ? sum_avx2 : sum_plain;
+#else
+    float (*sum)(const float *, size_t) = sum_plain;
+#endif
     static volatile float sink; /* keeps the sums from being optimised away */
     float s = 0;
     /* contiguous 64 KiB blocks per thread, as a static schedule gives */
@@ -190,6 +198,7 @@ static double bandwidth(const float *a, int t) {
  * its latency on both FMA ports; FLOPs per instruction: 16 lanes x 2 for
  * vfmadd (8 x 2 on AVX2), 16 lanes x 2 pairs x 2 for vdpbf16ps. */
 #define CHAINS(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11)
+#if defined(__x86_64__)
 #define DECL(i) __m512 a##i = _mm512_set1_ps(1e-3f * i);
 #define SUM12 (a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11)
 __attribute__((target("avx512f"), noinline)) static float fma512_loop(long iters) {
@@ -223,20 +232,46 @@ __attribute__((target("avx2,fma"), noinline)) static float fma256_loop(long iter
     return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
 }
 #undef DECL
+#else
+/* other CPUs: scalar fmaf chains, what the plain C kernels can reach at best */
+#define DECL(i) float a##i = 1e-3f * i;
+__attribute__((noinline)) static float fma_scalar_loop(long iters) {
+    CHAINS(DECL)
+#define STEP(i) a##i = fmaf(a##i, 0.999f, 1e-3f);
+    for (long k = 0; k < iters; k++) { CHAINS(STEP) }
+#undef STEP
+    return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
+}
+#undef DECL
+#endif
+#if defined(__x86_64__)
+#define PEAK_NAME (kernels_level() >= 2 ? "FMA-512" : "FMA-256")
+#else
+#define PEAK_NAME "scalar FMA"
+#endif
 
 /* GFLOP/s of kind (0: the FMA the matmul kernels use, 1: vdpbf16ps) with t
  * threads each running its own chains, best of 3 runs of ~0.25 s. */
 static double peak(int kind, int t) {
     const int wide = kernels_level() >= 2;
     const long iters = 20000000;
+#if defined(__x86_64__)
     const double flops_per = kind ? 64 : wide ? 32 : 16;
+#else
+    const double flops_per = 2;
+    (void)wide, (void)kind;
+#endif
     double best = 0;
     volatile float sink = 0;
     for (int rep = 0; rep < 3; rep++) {
         double t0 = now();
         float s = 0;
 #pragma omp parallel num_threads(t) reduction(+ : s)
+#if defined(__x86_64__)
         s += kind ? dpbf16_loop(iters) : wide ? fma512_loop(iters) : fma256_loop(iters);
+#else
+        s += fma_scalar_loop(iters);
+#endif
         double g = (double)iters * 12 * flops_per * t / (now() - t0) / 1e9;
         sink = sink + s;
         best = g > best ? g : best;
@@ -597,7 +632,7 @@ int main(int argc, char **argv) {
                "| threads | %s GFLOP/s |%s\n|---:|---:|%s\n",
                kernels_level() >= 2 ? "AVX-512 vfmadd231ps" : "AVX2 vfmadd231ps",
                has_bf16 ? "; vdpbf16ps is what they issue for bf16 inputs (-act bf16, section 2b)" : "",
-               kernels_level() >= 2 ? "FMA-512" : "FMA-256", has_bf16 ? " vdpbf16ps GFLOP/s |" : "",
+               PEAK_NAME, has_bf16 ? " vdpbf16ps GFLOP/s |" : "",
                has_bf16 ? "---:|" : "");
         for (int i = 0; i < nt; i++) {
             fpeak[i] = peak(0, threads[i]);
