@@ -117,7 +117,7 @@ AARCH64_EXCLUDE ?= shipped/greedy_spec_exact qwen35/greedy_speculation_and_every
 	qwen35/speculative_decoding_restores_the_state model/batching_does_not_change_logits
 # Seconds for each emulated step; a test's own .timeout is stretched 10x,
 # one without gets 300 s (emulation runs the plain C kernels 10-50x slower).
-AARCH64_TIMEOUT ?= 600
+AARCH64_TIMEOUT ?= 1200
 AARCH64_TEST_ARGS ?= --verbose -j 2 --timeout 300 --timeout-scale 10 $(AARCH64_EXCLUDE:%=--exclude %)
 AARCH64_PROMPT  ?= And God said
 AARCH64_EMU      = timeout -s KILL $(AARCH64_TIMEOUT) env QEMU_LD_PREFIX=$(AARCH64_SYSROOT) $(QEMU_AARCH64)

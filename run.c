@@ -876,12 +876,17 @@ static char *read_line(char **line, size_t *cap, size_t *len) {
  * block and u into an empty cache, else the close of the last reply and u.
  * When those and room for a reply do not fit (or the cache is stale), the
  * oldest turns that no longer fit are dropped and the rest fed again from
- * an empty cache. 0 ok; 1 u alone does not fit (refused, said why); -1 out
- * of memory. */
+ * an empty cache. 0 ok; 1 u alone does not fit or holds what the model
+ * cannot take (refused, said why); -1 out of memory. */
 static int chat_feed(Run *r, Gen *g, Chat *c, const Ids *u, Ids *feed) {
     const int cap = g->kv->cap, reserve = r->a.n > 0 && r->a.n < cap / 2 ? r->a.n : cap / 4;
     const int len = kv_cache_len(g->kv);
+    char err[256];
     feed->n = 0;
+    if (model_check_input(&r->m, u->v, u->n, err, sizeof err)) {
+        fprintf(stderr, "error: this message: %s\n", err);
+        return 1;
+    }
     if (!c->stale && len + (len ? c->close.n : c->sys.n) + u->n + reserve <= cap)
         return len ? ids_push(feed, c->close.v, c->close.n) || ids_push(feed, u->v, u->n)
                    : ids_push(feed, c->sys.v, c->sys.n) || ids_push(feed, u->v, u->n);
@@ -1168,6 +1173,11 @@ static int choose_context(Run *r) {
     }
     if (r->ids.n == 0 && strcmp(mode, "chat") != 0) {
         fprintf(stderr, "error: the prompt is empty: nothing to %s\n", mode);
+        return 1;
+    }
+    char err[256];
+    if (model_check_input(&r->m, r->ids.v, r->ids.n, err, sizeof err)) {
+        fprintf(stderr, "error: the prompt: %s\n", err);
         return 1;
     }
     return 0;

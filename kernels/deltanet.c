@@ -11,7 +11,8 @@
  * The reference scales S by alpha in the first pass (Hugging Face's order:
  * S <- alpha S, then u = S^T k); the AVX-512 version folds alpha into u
  * and into the second pass's update, which saves a store of S per token
- * and rounds differently: tests/test_kernels.c bounds the difference. The
+ * and rounds differently: tests/test_deltanet.c holds both to a float64
+ * recurrence. The
  * result of either never depends on how many tokens share a call.
  */
 #include "kernels/deltanet.h"

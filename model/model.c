@@ -929,12 +929,6 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size) {
             snprintf(err, errlen, "token id %d at position %d: expected 0..%d", tokens[i], pos + i, c->vocab_size - 1);
             return -1;
-        } else if (tokens[i] == c->media_ids[0] || tokens[i] == c->media_ids[1]) {
-            /* an image/video placeholder needs the vision tower's embeddings, which are not loaded */
-            snprintf(err, errlen, "token id %d at position %d is the %s placeholder (%s_token_id): images and video "
-                     "are not supported, only text", tokens[i], pos + i, tokens[i] == c->media_ids[0] ? "image" : "video",
-                     tokens[i] == c->media_ids[0] ? "image" : "video");
-            return -1;
         }
     if (kv->state_floats != m->state_floats) {
         snprintf(err, errlen, "model_forward: the cache holds %zu floats of recurrent state, the model needs %zu "
@@ -1004,6 +998,18 @@ int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *to
     return 0;
 }
 
+int model_check_input(const Model *m, const int *tokens, int n, char *err, size_t errlen) {
+    const Config *c = &m->cfg;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] >= 0 && (tokens[i] == c->media_ids[0] || tokens[i] == c->media_ids[1])) {
+            const char *what = tokens[i] == c->media_ids[0] ? "image" : "video";
+            snprintf(err, errlen, "token id %d at position %d is the %s placeholder (%s_token_id): images and video "
+                     "are not supported, only text", tokens[i], i, what, what);
+            return -1;
+        }
+    return 0;
+}
+
 void model_state_replay(Model *m, KVCache *kv, const float *snapshot, const float *journal, int cap, int n) {
     const Config *c = &m->cfg;
     const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->conv_k;
@@ -1016,11 +1022,12 @@ void model_state_replay(Model *m, KVCache *kv, const float *snapshot, const floa
         /* the same kernel on the same inputs as the recorded pass: the same
          * state after its first n tokens (outputs land in scratch, unused) */
         delta_run(m, S0, jr + conv_dim, rec, jr + 2 * conv_dim, jr + 2 * conv_dim + hv, rec, m->s.y, n);
-        /* the conv window: the last K-1 of [window | m_0 .. m_{n-1}]; row j
-         * takes row j + n of the old window, later rows first overwritten */
+        /* the conv window: the last K-1 of [window | m_0 .. m_{n-1}]; rows
+         * are written in ascending order, so row j + n of the old window is
+         * still there when row j takes it */
         for (int j = 0; j < K - 1; j++) {
             const int tau = n - (K - 1) + j;
-            memmove(win + (size_t)j * conv_dim, tau >= 0 ? jr + (size_t)tau * rec : win + (size_t)(j + n) * conv_dim,
+            memcpy(win + (size_t)j * conv_dim, tau >= 0 ? jr + (size_t)tau * rec : win + (size_t)(j + n) * conv_dim,
                     conv_dim * sizeof(float));
         }
     }

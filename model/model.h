@@ -123,8 +123,7 @@ int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int 
 /* Runs tokens[0..n) at positions [p, p+n), p = kv_cache_len(kv), appending
  * their K/V. logits: NULL, or [n, V] when all_logits, else [V] of the last
  * token. hidden: NULL or [n, H] post-final-norm states (the MTP input).
- * 0 ok; -1 with err on a bad token id (or an image/video placeholder) or a
- * full context. */
+ * 0 ok; -1 with err on a bad token id or a full context. */
 int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits, int all_logits,
                   float *hidden, char *err, size_t errlen);
 
@@ -134,6 +133,11 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
  * next draft step's hidden input) as in model_forward. */
 int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
                       int all_logits, float *hm, char *err, size_t errlen);
+
+/* Checks a prompt's tokens [n] for what this text-only engine cannot
+ * take: Qwen3.5's image and video placeholders, which stand for the vision
+ * tower's embeddings. 0 ok, -1 with one line in err naming the token. */
+int model_check_input(const Model *m, const int *tokens, int n, char *err, size_t errlen);
 
 /* Floats of a journal (Model.journal) for forwards of up to n tokens. */
 size_t model_journal_floats(const Model *m, int n);

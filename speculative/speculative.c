@@ -152,7 +152,10 @@ int spec_step(Spec *s, int x, int *out, char *err, size_t errlen) {
     }
     int rc = model_forward(m, s->kv, toks, N + 1, s->lg, 1, s->hid, err, errlen);
     m->journal = NULL, m->journal_cap = 0;
-    if (rc) return -1;
+    if (rc) {
+        s->n_rec = 0; /* a pass that failed half-way left no journal to replay */
+        return -1;
+    }
     int k = 0, y = -1;
     for (; k < N; k++) {
         const float *row = s->lg + (size_t)k * V;
