@@ -420,23 +420,26 @@ def save_ckpt(path, model, opt, step, log):
     os.replace(tmp, path)
 
 
-def train(args):
+def train(args, model_cls=None, arch=None, ckpt_name="ckpt.pt", export_fn=None):
+    """Trains model_cls(arch) (default: this file's Qwen3MTP and ARCH) with the recipe above,
+    checkpointing to DATA/ckpt_name, and exports it with export_fn(model, dir, meta)."""
+    model_cls, arch, export_fn = model_cls or Qwen3MTP, arch or ARCH, export_fn or export
     torch.manual_seed(args.seed)
     train_ids = read_ids(os.path.join(args.data, "train.ids"))
     held_ids = read_ids(os.path.join(args.data, "heldout.ids"))
-    a = dict(ARCH)
-    model = Qwen3MTP(a)
+    a = dict(arch)
+    model = model_cls(a)
     n_main = sum(p.numel() for n, p in model.named_parameters() if n.startswith("model."))
     n_mtp = sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp."))
     print(f"params: main {n_main:,} (embedding {a['vocab_size'] * a['hidden_size']:,}), mtp {n_mtp:,}, "
           f"total {n_main + n_mtp:,}; train tokens {len(train_ids):,}, held-out {len(held_ids):,}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() == 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() != 2]  # norms, biases, conv taps
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
     win = args.seq + 1
     starts = batch_starts(len(train_ids), win, args.steps, args.batch, args.seed)
-    ckpt = os.path.join(args.data, "ckpt.pt")
+    ckpt = os.path.join(args.data, ckpt_name)
     step0, log = 0, []
     if os.path.exists(ckpt) and not args.fresh:
         st = torch.load(ckpt)
@@ -489,9 +492,9 @@ def train(args):
     meta = {"steps": done, "batch": args.batch, "seq_len": args.seq, "lr": args.lr, "seed": args.seed,
             "mtp_loss_weight": MTP_WEIGHT, "train_loss_last50": sum(r["loss"] for r in last) / max(1, len(last)),
             "mtp_loss_last50": sum(r["mtp_loss"] for r in last) / max(1, len(last))}
-    export(model, args.export, meta)
+    export_fn(model, args.export, meta)
     print(f"exported to {args.export}", flush=True)
-    with open(os.path.join(args.data, "train_log.json"), "w") as f:
+    with open(os.path.join(args.data, ckpt_name.replace("ckpt", "train_log").replace(".pt", ".json")), "w") as f:
         json.dump(log, f)
 
 
@@ -507,10 +510,10 @@ def export_only(args):
     print(f"exported step {st['step']} to {args.export}")
 
 
-def main():
-    ap = argparse.ArgumentParser(description="train / export / evaluate the qwen3-kjv-mtp model")
+def add_train_args(ap, export):
+    """The training, schedule and evaluation options, shared with tools/train_hybrid.py."""
     ap.add_argument("--data", default="build/kjv", help="prepare_data.py output (and checkpoint) directory")
-    ap.add_argument("--export", default="models/qwen3-kjv-mtp")
+    ap.add_argument("--export", default=export)
     ap.add_argument("--steps", type=int, default=640)
     ap.add_argument("--batch", type=int, default=4, help="windows per step")
     ap.add_argument("--seq", type=int, default=512, help="tokens per window (context)")
@@ -529,18 +532,28 @@ def main():
     ap.add_argument("--ckpt-every", type=int, default=20)
     ap.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in f32 (2.4x slower)")
     ap.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint")
-    ap.add_argument("--export-only", action="store_true", help="export build/kjv/ckpt.pt and exit")
     ap.add_argument("--eval", metavar="MODEL_DIR", help="evaluate an exported model on --eval-ids and exit")
     ap.add_argument("--eval-ids", default=None, help="token ids file (default DATA/heldout.ids)")
     ap.add_argument("--ctx", type=int, default=512, help="--eval window (run -m ppl -c)")
+
+
+def eval_exported(args, load):
+    """--eval: held-out ppl and MTP accuracy of load(MODEL_DIR), in run's ppl windows."""
+    model = load(args.eval)
+    ids = read_ids(args.eval_ids or os.path.join(args.data, "heldout.ids"))
+    ppl, n, macc, nm, acc = evaluate(model, ids, args.ctx)
+    print(f"ppl {ppl:.4f} tokens {n} (loss {math.log(ppl):.4f}, top1 {acc:.4f}); "
+          f"mtp top1 {macc:.4f} over {nm} rows")
+
+
+def main():
+    ap = argparse.ArgumentParser(description="train / export / evaluate the qwen3-kjv-mtp model")
+    add_train_args(ap, "models/qwen3-kjv-mtp")
+    ap.add_argument("--export-only", action="store_true", help="export build/kjv/ckpt.pt and exit")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.eval:
-        model = load_exported(args.eval)
-        ids = read_ids(args.eval_ids or os.path.join(args.data, "heldout.ids"))
-        ppl, n, macc, nm, acc = evaluate(model, ids, args.ctx)
-        print(f"ppl {ppl:.4f} tokens {n} (loss {math.log(ppl):.4f}, top1 {acc:.4f}); "
-              f"mtp top1 {macc:.4f} over {nm} rows")
+        eval_exported(args, load_exported)
         return
     if args.export_only:
         export_only(args)

@@ -8,8 +8,9 @@ Run from the repo root with Debian's PyTorch (CPU), after tools/prepare_data.py:
     /usr/bin/python3 tools/train_hybrid.py --steps 20 --export /tmp/smoke   # a quick smoke run
     /usr/bin/python3 tools/train_hybrid.py --eval models/qwen35-kjv-mtp     # held-out ppl + MTP accuracy
 
-The data, batches, schedule, optimiser, bf16 autocast, checkpointing and evaluation windows are
-tools/train.py's (imported from it); what differs is the architecture, shared/specs/qwen35.md:
+The data, batches, schedule, optimiser, bf16 autocast, checkpointing, training loop, options and
+evaluation windows are tools/train.py's (imported from it); what differs is the architecture,
+shared/specs/qwen35.md:
   layers [GDN, GDN, full, GDN, GDN, full]; every norm zero-centred, y = x^ * (1 + w), except the
   GDN output norm (plain w); every layer ends with the SwiGLU MLP.
   full (gated attention): q_proj emits per head [q | gate]; q/k norms; partial NeoX RoPE on the
@@ -40,7 +41,6 @@ import json
 import math
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train as base  # noqa: E402  (sets OMP_WAIT_POLICY before torch loads)
@@ -70,7 +70,6 @@ ARCH = dict(
     rms_norm_eps=1e-6,
     max_position_embeddings=512,
 )
-MTP_WEIGHT = base.MTP_WEIGHT
 CHUNK = 64
 F32_SUFFIXES = ("linear_attn.A_log", "linear_attn.norm.weight")
 
@@ -353,105 +352,17 @@ def load_exported(model_dir):
     return model
 
 
-def train(args):
-    torch.manual_seed(args.seed)
-    train_ids = base.read_ids(os.path.join(args.data, "train.ids"))
-    held_ids = base.read_ids(os.path.join(args.data, "heldout.ids"))
-    a = dict(ARCH)
-    model = Qwen35MTP(a)
-    n_main = sum(p.numel() for n, p in model.named_parameters() if n.startswith("model."))
-    n_mtp = sum(p.numel() for n, p in model.named_parameters() if n.startswith("mtp."))
-    print(f"params: main {n_main:,}, mtp {n_mtp:,}, total {n_main + n_mtp:,}; train tokens {len(train_ids):,}",
-          flush=True)
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-    win = args.seq + 1
-    starts = base.batch_starts(len(train_ids), win, args.steps, args.batch, args.seed)
-    ckpt = os.path.join(args.data, "ckpt-hybrid.pt")
-    step0, log = 0, []
-    if os.path.exists(ckpt) and not args.fresh:
-        st = torch.load(ckpt)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step0, log = st["step"], st["log"]
-        print(f"resumed {ckpt} at step {step0}", flush=True)
-    t_start, seen = time.time(), 0
-    V = a["vocab_size"]
-    for step in range(step0, args.steps):
-        for grp in opt.param_groups:
-            grp["lr"] = base.lr_at(step, args)
-        batch = torch.from_numpy(np.stack([train_ids[s: s + win] for s in starts[step]]))
-        x, y = batch[:, :-1], batch[:, 1:]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            logits, mlog = model(x)
-        loss_main = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
-        loss_mtp = F.cross_entropy(mlog.float().reshape(-1, V), y[:, 1:].reshape(-1))
-        loss = loss_main + MTP_WEIGHT * loss_mtp
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip).item()
-        opt.step()
-        seen += x.numel()
-        el = time.time() - t_start
-        rec = {"step": step + 1, "loss": loss_main.item(), "mtp_loss": loss_mtp.item(),
-               "lr": base.lr_at(step, args), "gnorm": gnorm, "min": el / 60}
-        if (step + 1) % args.log_every == 0 or step == step0:
-            print(f"step {step + 1}/{args.steps} loss {rec['loss']:.4f} mtp {rec['mtp_loss']:.4f} "
-                  f"lr {rec['lr']:.2e} gnorm {gnorm:.2f} {seen / el:.0f} tok/s {el / 60:.1f} min", flush=True)
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            ppl, _, macc, _, acc = base.evaluate(model, held_ids, args.seq, max_windows=8)
-            rec.update(heldout_ppl=ppl, heldout_mtp_acc=macc)
-            print(f"  held-out (first 8 windows, f32): ppl {ppl:.3f} top1 {acc:.3f} mtp top1 {macc:.3f}", flush=True)
-        log.append(rec)
-        if (step + 1) % args.ckpt_every == 0:
-            base.save_ckpt(ckpt, model, opt, step + 1, log)
-    base.save_ckpt(ckpt, model, opt, args.steps, log)
-    wall = time.time() - t_start
-    print(f"trained {args.steps - step0} steps in {wall / 60:.1f} min", flush=True)
-    last = log[-50:]
-    meta = {"steps": args.steps, "batch": args.batch, "seq_len": args.seq, "lr": args.lr, "seed": args.seed,
-            "mtp_loss_weight": MTP_WEIGHT, "train_loss_last50": sum(r["loss"] for r in last) / max(1, len(last)),
-            "mtp_loss_last50": sum(r["mtp_loss"] for r in last) / max(1, len(last))}
-    export(model, args.export, meta)
-    print(f"exported to {args.export}", flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description="train / evaluate the qwen35-kjv-mtp hybrid model")
-    ap.add_argument("--data", default="build/kjv", help="prepare_data.py output (and checkpoint) directory")
-    ap.add_argument("--export", default="models/qwen35-kjv-mtp")
-    ap.add_argument("--steps", type=int, default=640)
-    ap.add_argument("--batch", type=int, default=4, help="windows per step")
-    ap.add_argument("--seq", type=int, default=512, help="tokens per window (context)")
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--min-lr-frac", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=30)
-    ap.add_argument("--wd", type=float, default=0.1)
-    ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--eval-every", type=int, default=160)
-    ap.add_argument("--ckpt-every", type=int, default=20)
-    ap.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in f32")
-    ap.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint")
-    ap.add_argument("--eval", metavar="MODEL_DIR", help="evaluate an exported model on --eval-ids and exit")
-    ap.add_argument("--eval-ids", default=None, help="token ids file (default DATA/heldout.ids)")
-    ap.add_argument("--ctx", type=int, default=512, help="--eval window (run -m ppl -c)")
+    base.add_train_args(ap, "models/qwen35-kjv-mtp")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.eval:
-        model = load_exported(args.eval)
-        ids = base.read_ids(args.eval_ids or os.path.join(args.data, "heldout.ids"))
-        ppl, n, macc, nm, acc = base.evaluate(model, ids, args.ctx)
-        print(f"ppl {ppl:.4f} tokens {n} (loss {math.log(ppl):.4f}, top1 {acc:.4f}); "
-              f"mtp top1 {macc:.4f} over {nm} rows")
+        base.eval_exported(args, load_exported)
         return
     if args.seq > ARCH["max_position_embeddings"]:
         sys.exit("--seq exceeds max_position_embeddings")
-    train(args)
+    base.train(args, Qwen35MTP, ARCH, "ckpt-hybrid.pt", export)
 
 
 if __name__ == "__main__":
