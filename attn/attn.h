@@ -31,9 +31,10 @@ void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, fl
 /* attn_group for the last ntok positions of the streams at once: token j's
  * nq query heads are q + j * ld [nq, d], its output out + j * ld, and it
  * attends to positions [0, len - ntok + j], getting the same bits as
- * attn_group called right after its own append. For schemes whose appends
- * leave earlier positions as they read (not KVScheme.windowed), with
- * nq * ntok <= KV_MAX_NQ. */
+ * attn_group called right after its own append, with nq * ntok <=
+ * KV_MAX_NQ. For a windowed scheme (KVScheme.windowed), ntok <=
+ * KV_MAX_ROLLBACK: each token reads the positions past the settled ones
+ * from a copy of the stream at its own length. */
 void attn_block(const KVStream *k, const KVStream *v, const float *q, int nq, int ntok, size_t ld, float scale,
                 float *out, float *scratch);
 /* The same result computed the plain way (f32 dequantize, full softmax):

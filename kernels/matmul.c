@@ -91,6 +91,18 @@ static int cpu_has_bf16(void) {
     return v;
 }
 
+/* -1 until first asked, then kept as g_bf16 is. */
+static int g_vbmi = -1;
+static int cpu_has_vbmi(void) {
+    int v = __atomic_load_n(&g_vbmi, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512vbmi") != 0;
+        __atomic_store_n(&g_vbmi, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
 const char *kernels_built(void) { return "x86-64 AVX2/AVX-512 and plain C"; }
 
 /* kernels_check_env's refusal of a level above isa_detect's */
@@ -98,6 +110,7 @@ const char *kernels_built(void) { return "x86-64 AVX2/AVX-512 and plain C"; }
 #else
 static Isa isa_detect(void) { return ISA_REF; }
 static int cpu_has_bf16(void) { return 0; }
+static int cpu_has_vbmi(void) { return 0; }
 
 const char *kernels_built(void) { return "plain C"; }
 
@@ -125,6 +138,8 @@ const char *kernels_isa(void) {
 }
 
 int kernels_level(void) { return (int)isa(); }
+
+int kernels_has_vbmi(void) { return isa() == ISA_VNNI && cpu_has_vbmi(); }
 
 int kernels_check_env(char *err, size_t errlen) {
     static const char *names[] = {"ref", "avx2", "avx512", "avx512vnni"};

@@ -122,6 +122,10 @@ const char *kernels_isa(void);
 const char *kernels_built(void);
 /* The same choice as a number: 0 ref, 1 avx2, 2 avx512, 3 avx512vnni. */
 int kernels_level(void);
+/* 1 when kernels_level() is 3 and the CPU also has AVX-512 VBMI (vpermb,
+ * vpmultishiftqb: Ice Lake, Zen 4 and later), which the 2- and 3-bit
+ * integer attention kernels (kv/lowbit.c) need to unpack their codes. */
+int kernels_has_vbmi(void);
 /* Forces the ISA by name; returns 0, or -1 if the CPU lacks it (tests). */
 int kernels_set_isa(const char *name);
 /* Checks RUN_ISA, when set, names a level this CPU has: 0, or -1 with one

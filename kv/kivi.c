@@ -7,7 +7,8 @@
  * stream (s->role 0) quantizes its window R tokens at a time, a V stream
  * (role 1) quantizes the token that falls out of its R-token FIFO.
  * Attention reads [quantized | window] through kivi_score (K, zero point
- * factored out per group) and kivi_accum (V, zero point summed per group).
+ * factored out per group) and kivi_accum (V, zero point summed per group):
+ * AVX-512 kernels for head dims 128 and 256, else AVX2, else plain C.
  *
  * Per group: s = (max - min) / (2^b - 1), z = min, both fp16;
  * code = round(clamp((x - z) / s, 0, 2^b - 1)) with the fp16 s and z
@@ -222,6 +223,10 @@ static void kivi_append(KVStream *s, const float *x) {
  * precision (see the header), and what is quantized follows from len. */
 static void kivi_truncate(KVStream *s, int n) { (void)s; (void)n; }
 
+/* Quantized positions never change again (later appends quantize only
+ * newer ones), so what was quantized at length n is settled. */
+static int kivi_settled(const KVStream *s, int n) { return n_quant(s, n); }
+
 static void kivi_dequant(const KVStream *s, int t, float *out) {
     const Kivi *k = s->aux;
     const int d = s->d;
@@ -325,6 +330,8 @@ static void accum_values_c(const KVStream *s, const float *p, int ldp, int nq, i
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "kernels/hsum.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -475,9 +482,276 @@ AVX2 static void accum_values_avx2(const KVStream *s, const float *p, int ldp, i
     accum_window(s, p, ldp, nq, t0 > tq ? t0 : tq, t1, acc, t0);
 }
 
+/* ---- AVX-512: d = 128 or 256 -------------------------------------------------
+ * Where kernels_level() >= 2, streams of head dim D = 128 (Qwen3) or 256
+ * (Qwen3.5) decode 16 codes per step in two instructions: the chunk's 2b
+ * bytes are broadcast, every lane is shifted to its own code, and vpermps,
+ * which reads only the low 4 bits of an index, turns them into floats
+ * through a 16-entry table, so no mask and no conversion
+ * (docs/kernel-notes.md#kivi-decode):
+ *   b = 2: dword lane l shifted by 2l, table l & 3       (lanes in code order)
+ *   b = 4: qword lane m shifted by 4m, table l; code m lands in dword 2m and
+ *          code m + 8 in dword 2m + 1: order 0, 8, 1, 9, .., 7, 15 (perm16)
+ * For b = 4 the scaled queries (score) and the partial sums (accumulate) are
+ * permuted to match once per block and once per call.
+ * Heads go in passes of 256 / D, whose per-head vectors stay in registers:
+ *   K: per block, qs_i = q_i·s (D/16 vectors) and bias_i; positions four at
+ *      a time, each chunk feeding every head's FMA chains, and the four
+ *      positions' horizontal sums share one hsum4_512 tree per head;
+ *   V: D/16 partial sums per head over the whole call; per tile of
+ *      positions the weights p_i·s_g are computed first, then each chunk
+ *      takes an FMA per head with its group's weight broadcast, and
+ *      Σ_t p_i·z_g, summed per group in one vector per head, is added at
+ *      the end.
+ * A head's arithmetic is the same in every pass, alone or paired, so its
+ * results do not depend on the other queries of the call. */
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define AVX512_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) static inline
+
+/* Positions fetched ahead of use into L1: the K and V streams alternate
+ * every attention chunk, which the hardware prefetcher follows poorly.
+ * Further prefetches into L2, as lowbit.c adds, made it slower here
+ * (docs/kernel-notes.md#kivi-prefetch). */
+#define AHEAD 64
+
+/* Lane l of a decoded 4-bit chunk holds code perm16[l]; code m sits in lane unperm16[m]. */
+static const int32_t perm16[16] = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};
+static const int32_t unperm16[16] = {0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15};
+
+/* The lines of positions [t, t + n) of a stream of bpp bytes per position
+ * (K: unit / G, exact at block starts), AHEAD positions on. Always inline:
+ * GCC drops the prefetches of a plain static inline (see lowbit.c). */
+AVX512_INLINE void prefetch_ahead(const uint8_t *data, size_t bpp, int t, int n) {
+    const char *p = (const char *)data + (size_t)(t + AHEAD) * bpp;
+    for (size_t o = 0; o < (size_t)n * bpp; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
+AVX512_INLINE __m512i dec_shifts(const int b) {
+    return b == 2 ? _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+                  : _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
+}
+
+AVX512_INLINE __m512 dec_table(const int b) {
+    return b == 2 ? _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)
+                  : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+/* The 16 codes of the 2b bytes at p as floats, in the order above. */
+AVX512_INLINE __m512 dec16(const uint8_t *p, const int b, __m512i sh, __m512 tab) {
+    __m512i x;
+    if (b == 2) {
+        uint32_t w;
+        memcpy(&w, p, 4);
+        x = _mm512_srlv_epi32(_mm512_set1_epi32((int)w), sh);
+    } else {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        x = _mm512_srlv_epi64(_mm512_set1_epi64((long long)w), sh);
+    }
+    return _mm512_permutexvar_ps(x, tab);
+}
+
+/* Four positions' key rows at rows (row bytes apart) for NH heads of D
+ * dims, b bits: out[i·ldo + r] = qs_i · codes_r + bias_i. Straight-line
+ * code, so the sums never leave registers; the four positions' horizontal
+ * sums share one hsum4_512 tree per head. */
+AVX512_INLINE void score4(const uint8_t *rows, size_t row, const int D, const int NH, const int b, __m512 (*qs)[16],
+                          const float *bias, __m512i sh, __m512 tab, float *out, int ldo) {
+    __m512 tot[4][2], odd[2];
+    for (int r = 0; r < 4; r++) {
+        /* even and odd chunks in two chains, for twice the FMAs in flight
+         * (docs/kernel-notes.md#kivi-score-chains) */
+        const uint8_t *pc = rows + (size_t)r * row;
+        for (int i = 0; i < NH; i++) tot[r][i] = odd[i] = _mm512_setzero_ps();
+        for (int j = 0; j < D / 16; j += 2, pc += 4 * b) {
+            const __m512 c0 = dec16(pc, b, sh, tab), c1 = dec16(pc + 2 * b, b, sh, tab);
+            for (int i = 0; i < NH; i++) {
+                tot[r][i] = _mm512_fmadd_ps(qs[i][j], c0, tot[r][i]);
+                odd[i] = _mm512_fmadd_ps(qs[i][j + 1], c1, odd[i]);
+            }
+        }
+        for (int i = 0; i < NH; i++) tot[r][i] = _mm512_add_ps(tot[r][i], odd[i]);
+    }
+    for (int i = 0; i < NH; i++)
+        _mm_storeu_ps(out + (size_t)i * ldo,
+                      _mm_add_ps(hsum4_512(tot[0][i], tot[1][i], tot[2][i], tot[3][i]), _mm_set1_ps(bias[i])));
+}
+
+/* Quantized key positions [t0, t1) for NH heads of D dims (NH·D <= 256),
+ * b bits; out indexed from t0. Inlined with D, NH and b constants. */
+AVX512_INLINE void score_pass(const KVStream *s, const float *q, const int D, const int NH, const int b, int t0, int t1,
+                              float *out, int ldo) {
+    const Kivi *k = s->aux;
+    const int G = k->G;
+    const __m512i sh = dec_shifts(b), perm = _mm512_loadu_si512(perm16);
+    const __m512 tab = dec_table(b);
+    __m512 qs[2][16];
+    float bias[2], part[2 * 4];
+    uint8_t pad[4 * 256 / 2]; /* four rows of up to 256 4-bit codes */
+    for (int t = t0; t < t1;) {
+        const int bi = t / G, te = (bi + 1) * G < t1 ? (bi + 1) * G : t1;
+        const uint8_t *blk = s->data + (size_t)bi * k->unit, *rows = blk + 4 * (size_t)D;
+        /* the block's qs_i (decode order) and bias_i = Σ_c q_i[c]·z_c */
+        __m512 bz[2];
+        for (int i = 0; i < NH; i++) bz[i] = _mm512_setzero_ps();
+        for (int j = 0; j < D / 16; j++) {
+            const uint8_t *hs = blk + 32 * (size_t)j, *hz = hs + 2 * (size_t)D;
+            const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hs)),
+                         z = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hz));
+            for (int i = 0; i < NH; i++) {
+                const __m512 qv = _mm512_loadu_ps(q + (size_t)i * D + 16 * j), m = _mm512_mul_ps(qv, sc);
+                qs[i][j] = b == 4 ? _mm512_permutexvar_ps(perm, m) : m;
+                bz[i] = _mm512_fmadd_ps(qv, z, bz[i]);
+            }
+        }
+        for (int i = 0; i < NH; i++) bias[i] = _mm512_reduce_add_ps(bz[i]);
+        /* steps of four positions; the last step of a block or of the
+         * range may be short: it reads its rows padded with zero codes and
+         * writes to part, so that a single inlined score4 serves every step */
+        for (; t < te; t += 4) {
+            const int n = te - t < 4 ? te - t : 4;
+            const uint8_t *r4 = rows + (size_t)(t - bi * G) * k->row;
+            float *o = out + (t - t0);
+            int lo = ldo;
+            prefetch_ahead(s->data, k->unit / (size_t)G, t, 4);
+            if (n < 4) {
+                memset(pad, 0, 4 * k->row);
+                memcpy(pad, r4, (size_t)n * k->row);
+                r4 = pad, o = part, lo = 4;
+            }
+            score4(r4, k->row, D, NH, b, qs, bias, sh, tab, o, lo);
+            if (n < 4)
+                for (int i = 0; i < NH; i++)
+                    for (int r = 0; r < n; r++) out[(size_t)i * ldo + (t + r - t0)] = part[4 * i + r];
+        }
+        t = te;
+    }
+}
+
+/* AVX-512 K score (d = 128 or 256): passes of two heads (d = 128) or one,
+ * each shape a separately inlined copy; then the window. */
+AVX512 static void score_keys_avx512(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const int d = s->d, b = ((const Kivi *)s->aux)->b, nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
+    for (int h = 0; h < nq && t0 < tq; h += 256 / d) {
+        const float *qh = q + (size_t)h * d;
+        float *o = out + (size_t)h * ldo;
+        if (d == 256) {
+            if (b == 2) score_pass(s, qh, 256, 1, 2, t0, tq, o, ldo);
+            else score_pass(s, qh, 256, 1, 4, t0, tq, o, ldo);
+        } else if (nq - h == 1) {
+            if (b == 2) score_pass(s, qh, 128, 1, 2, t0, tq, o, ldo);
+            else score_pass(s, qh, 128, 1, 4, t0, tq, o, ldo);
+        } else {
+            if (b == 2) score_pass(s, qh, 128, 2, 2, t0, tq, o, ldo);
+            else score_pass(s, qh, 128, 2, 4, t0, tq, o, ldo);
+        }
+    }
+    score_window(s, q, nq, t0 > tq ? t0 : tq, t1, out, ldo, t0);
+}
+
+/* Positions whose weights accum_pass computes ahead of their sums. */
+#define VTILE 64
+
+/* Quantized value positions [t0, t1) for NH heads of D dims (NH·D <= 256),
+ * b bits, groups of G = 16·2^k channels (G | D, so a chunk lies in one
+ * group); p indexed from t0. Inlined with D, NH, b and W constants, W the
+ * span of channels one stored weight covers: 16 for G = 16, else 32, so
+ * that the two chunks of a span share one broadcast.
+ * Per tile of VTILE positions, a first pass stores the weights p_i·s_g,
+ * one per span, and sums p_i·z_g per group; a second pass decodes and
+ * accumulates, its weights broadcast from stores long done (read back at
+ * once, they wait on store forwarding: docs/kernel-notes.md#kivi-weights). */
+AVX512_INLINE void accum_pass(const KVStream *s, const float *p, int ldp, const int D, const int NH, const int b,
+                              const int W, int t0, int t1, float *acc) {
+    const Kivi *k = s->aux;
+    const int G = k->G, ng = D / G, nw = D / W;
+    const __mmask16 gm = (__mmask16)((1u << ng) - 1);
+    const __m512i sh = dec_shifts(b), perm = _mm512_loadu_si512(perm16), unperm = _mm512_loadu_si512(unperm16);
+    const __m512 tab = dec_table(b);
+    /* lane l of a span vector takes group l·W/G (W <= G, powers of two) */
+    const __m512i span = _mm512_srlv_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(__builtin_ctz((unsigned)(G / W))));
+    /* a: acc in decode order; zs_i lane g = Σ_t p_i·z_g; wt: per position
+     * and head, the nw weights (each store writes 16 lanes, the next one
+     * overwriting the surplus, hence 16 floats of slack; NH·nw <= 16) */
+    __m512 a[2][16], zs[2];
+    float wt[VTILE * 16 + 16];
+    for (int i = 0; i < NH; i++) {
+        for (int j = 0; j < D / 16; j++) {
+            const __m512 x = _mm512_loadu_ps(acc + (size_t)i * D + 16 * j);
+            a[i][j] = b == 4 ? _mm512_permutexvar_ps(perm, x) : x;
+        }
+        zs[i] = _mm512_setzero_ps();
+    }
+    for (int ta = t0; ta < t1; ta += VTILE) {
+        const int tn = t1 - ta < VTILE ? t1 - ta : VTILE;
+        const uint8_t *base = s->data + (size_t)ta * k->unit;
+        for (int t = 0; t < tn; t++) {
+            const uint8_t *u = base + (size_t)t * k->unit;
+            const __m512 sw = _mm512_permutexvar_ps(span, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, u))),
+                         zg = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, u + 2 * (size_t)ng));
+            for (int i = 0; i < NH; i++) {
+                const __m512 w = _mm512_set1_ps(p[(size_t)i * ldp + (ta - t0 + t)]);
+                _mm512_storeu_ps(wt + (t * NH + i) * nw, _mm512_mul_ps(w, sw));
+                zs[i] = _mm512_fmadd_ps(w, zg, zs[i]);
+            }
+        }
+        for (int t = 0; t < tn; t++) {
+            const uint8_t *pc = base + (size_t)t * k->unit + 4 * (size_t)ng;
+            const float *wp = wt + t * NH * nw;
+            if ((t & 3) == 0) prefetch_ahead(s->data, k->unit, ta + t, 4);
+            /* the chunks of a span load the same weight: one broadcast */
+            for (int j = 0; j < D / 16; j++, pc += 2 * b) {
+                const __m512 c = dec16(pc, b, sh, tab);
+                for (int i = 0; i < NH; i++)
+                    a[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(wp[i * nw + 16 * j / W]), c, a[i][j]);
+            }
+        }
+    }
+    /* each chunk's group's zero sum, then back to channel order */
+    float z[2][16];
+    for (int i = 0; i < NH; i++) {
+        _mm512_storeu_ps(z[i], zs[i]);
+        for (int j = 0; j < D / 16; j++) {
+            const __m512 x = _mm512_add_ps(a[i][j], _mm512_set1_ps(z[i][16 * j / G]));
+            _mm512_storeu_ps(acc + (size_t)i * D + 16 * j, b == 4 ? _mm512_permutexvar_ps(unperm, x) : x);
+        }
+    }
+}
+
+/* accum_pass with its span W a constant. */
+AVX512_INLINE void accum_spans(const KVStream *s, const float *p, int ldp, const int D, const int NH, const int b,
+                               int t0, int t1, float *acc) {
+    if (((const Kivi *)s->aux)->G == 16) accum_pass(s, p, ldp, D, NH, b, 16, t0, t1, acc);
+    else accum_pass(s, p, ldp, D, NH, b, 32, t0, t1, acc);
+}
+
+/* AVX-512 V accumulate (d = 128 or 256, G % 16 == 0): passes as in
+ * score_keys_avx512, each shape a separately inlined copy; then the window. */
+AVX512 static void accum_values_avx512(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const int d = s->d, b = ((const Kivi *)s->aux)->b, nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
+    for (int h = 0; h < nq && t0 < tq; h += 256 / d) {
+        const float *ph = p + (size_t)h * ldp;
+        float *ah = acc + (size_t)h * d;
+        if (d == 256) {
+            if (b == 2) accum_spans(s, ph, ldp, 256, 1, 2, t0, tq, ah);
+            else accum_spans(s, ph, ldp, 256, 1, 4, t0, tq, ah);
+        } else if (nq - h == 1) {
+            if (b == 2) accum_spans(s, ph, ldp, 128, 1, 2, t0, tq, ah);
+            else accum_spans(s, ph, ldp, 128, 1, 4, t0, tq, ah);
+        } else {
+            if (b == 2) accum_spans(s, ph, ldp, 128, 2, 2, t0, tq, ah);
+            else accum_spans(s, ph, ldp, 128, 2, 4, t0, tq, ah);
+        }
+    }
+    accum_window(s, p, ldp, nq, t0 > tq ? t0 : tq, t1, acc, t0);
+}
+
 /* Keys have the factored fast path; a V stream is scored by the reference. */
 static void kivi_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (s->role != 0) kv_score_ref(s, q, nq, t0, t1, out, ldo);
+    else if (kernels_level() >= 2 && (s->d == 128 || s->d == 256)) score_keys_avx512(s, q, nq, t0, t1, out, ldo);
     else if (kernels_level() > 0 && s->d % 8 == 0) score_keys_avx2(s, q, nq, t0, t1, out, ldo);
     else score_keys_c(s, q, nq, t0, t1, out, ldo);
 }
@@ -486,6 +760,8 @@ static void kivi_score(const KVStream *s, const float *q, int nq, int t0, int t1
 static void kivi_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const Kivi *k = s->aux;
     if (s->role != 1) kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
+    else if (kernels_level() >= 2 && (s->d == 128 || s->d == 256) && k->G % 16 == 0)
+        accum_values_avx512(s, p, ldp, nq, t0, t1, acc);
     else if (kernels_level() > 0 && k->G % 8 == 0) accum_values_avx2(s, p, ldp, nq, t0, t1, acc);
     else accum_values_c(s, p, ldp, nq, t0, t1, acc);
 }
@@ -506,12 +782,12 @@ const KVScheme kv_kivi2 = {
     .name = "kivi2", .desc = "KIVI 2-bit: K per channel, V per token, f32 window (g32:r128)",
     .bits = kivi2_bits, .check = kivi_check, .init = kivi2_init, .free = kivi_free,
     .append = kivi_append, .truncate = kivi_truncate, .dequant = kivi_dequant,
-    .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes, .windowed = 1,
+    .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes, .windowed = 1, .settled = kivi_settled,
 };
 
 const KVScheme kv_kivi4 = {
     .name = "kivi4", .desc = "KIVI 4-bit: K per channel, V per token, f32 window (g32:r128)",
     .bits = kivi4_bits, .check = kivi_check, .init = kivi4_init, .free = kivi_free,
     .append = kivi_append, .truncate = kivi_truncate, .dequant = kivi_dequant,
-    .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes, .windowed = 1,
+    .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes, .windowed = 1, .settled = kivi_settled,
 };

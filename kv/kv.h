@@ -91,9 +91,15 @@ typedef struct KVScheme {
      * float reference within it. */
     float accum_err;
     /* 1 when an append can change how earlier positions read back (KIVI's
-     * float window, quantized later): prefill then attends token by token
-     * right after each append, as decode does, instead of in blocks. */
+     * float window, quantized later). Such a scheme's truncate only moves
+     * len, so a copy of the stream with len set back to n >= len -
+     * KV_MAX_ROLLBACK reads as the stream did when it held n positions, and
+     * settled(s, n) says where its reads stop changing: positions below it
+     * read the same at length n and at every later length. Prefill's
+     * attention blocks read those once for all their tokens, the rest
+     * token by token as decode does (attn/attn.c). */
     int windowed;
+    int (*settled)(const KVStream *s, int n);
 } KVScheme;
 
 struct KVStream {

@@ -1,6 +1,7 @@
 /* lowbit.c: code packing, block encode/decode and the AVX2 / AVX-512
  * score and accumulate kernels of the packed low-bit KV schemes (layouts in
- * lowbit.h), with integer (AVX-512 VNNI) ones for tbq4's shape at the end.
+ * lowbit.h), with integer (AVX-512 VNNI) ones for tbq's shape at the end:
+ * 4-bit codes on VNNI, 3- and 2-bit codes where the CPU also has VBMI.
  * The plain C path is kv.c's reference over lb_dequant (the only one on
  * other CPUs than x86-64).
  *
@@ -48,16 +49,16 @@ void lb_fmt(LbFmt *f, int kind, int n, int nb, int hdr, int renorm, float cb_sca
     f->renorm = renorm;
     f->blk_bytes = hdr + (kind == LB_Q4_0 ? 16 : n * kind / 8);
     f->vec_bytes = nb * f->blk_bytes;
-    if (kind != LB_Q4_0) lm_codebook(kind, cb_scale, f->cb, f->mid);
-    if (kind == LB_IDX4) {
-        float m = 0;
-        for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(f->cb[i]));
-        f->cb8_s = 127.0f / m;
-        for (int i = 0; i < 16; i++) f->cb8[i] = (uint8_t)(lrintf(f->cb[i] * f->cb8_s) + 128);
-        f->cb16_s = 1023.0f / m;
-        f->cb16_d = m / 1023.0f;
-        for (int i = 0; i < 32; i++) f->cb16[i] = (int16_t)lrintf(f->cb[i & 15] * f->cb16_s);
-    }
+    if (kind == LB_Q4_0) return;
+    lm_codebook(kind, cb_scale, f->cb, f->mid);
+    const int k = 1 << kind;
+    float m = 0;
+    for (int i = 0; i < k; i++) m = fmaxf(m, fabsf(f->cb[i]));
+    f->cb8_s = 127.0f / m;
+    for (int i = 0; i < 64; i++) f->cb8[i] = (uint8_t)(lrintf(f->cb[i & (k - 1)] * f->cb8_s) + 128);
+    f->cb16_s = 1023.0f / m;
+    f->cb16_d = m / 1023.0f;
+    for (int i = 0; i < 32; i++) f->cb16[i] = (int16_t)lrintf(f->cb[i & (k - 1)] * f->cb16_s);
 }
 
 int lb_code(const uint8_t *qs, int bits, int j) {
@@ -164,16 +165,20 @@ static void q8_prep_ref(const float *q, float s, float cb8_s, LbQ8 *o) {
     q8_finish(o, s, cb8_s, sum);
 }
 
-/* Integer sum of one position's codes against one query. */
-static int32_t i8_dot_ref(const uint8_t *cb8, const uint8_t *qs, const LbQ8 *o) {
+/* Integer sum of one position's codes against one query (value j's code
+ * times query value j: qe holds the even ones, qo the odd). */
+static int32_t i8_dot_ref(const uint8_t *cb8, int bits, const uint8_t *qs, const LbQ8 *o) {
     int32_t a = 0;
-    for (int b = 0; b < 64; b++) a += cb8[qs[b] & 15] * o->qe[b] + cb8[qs[b] >> 4] * o->qo[b];
+    for (int j = 0; j < 128; j++) a += cb8[lb_code(qs, bits, j)] * (j & 1 ? o->qo[j / 2] : o->qe[j / 2]);
     return a;
 }
 
+/* tbq's d = 128 blocks (fp16 scale, no renorm); 2 and 3 bits need VBMI
+ * to unpack their codes in registers. */
 static int i8_path(const KVStream *s) {
     const LbFmt *f = s->aux;
-    return f->kind == LB_IDX4 && !f->renorm && f->nb == 1 && f->n == 128 && s->d == 128;
+    return f->kind != LB_Q4_0 && !f->renorm && f->nb == 1 && f->n == 128 && s->d == 128 && f->hdr == 2 &&
+           (f->kind == LB_IDX4 || kernels_has_vbmi());
 }
 
 int lb_score_i8_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
@@ -186,7 +191,7 @@ int lb_score_i8_ref(const KVStream *s, const float *q, int nq, int t0, int t1, f
         q8_prep_ref(q + (size_t)i * 128, q8_scale(q + (size_t)i * 128), f->cb8_s, &o);
         for (int t = t0; t < t1; t++) {
             const uint8_t *blk = s->data + (size_t)t * (size_t)f->vec_bytes;
-            out[(size_t)i * ldo + (t - t0)] = (float)(i8_dot_ref(f->cb8, blk + f->hdr, &o) - o.bias) * header(blk, f->hdr) * o.inv;
+            out[(size_t)i * ldo + (t - t0)] = (float)(i8_dot_ref(f->cb8, f->kind, blk + f->hdr, &o) - o.bias) * header(blk, f->hdr) * o.inv;
         }
     }
     return 0;
@@ -480,6 +485,13 @@ AVX512_INLINE void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
     const char *p = (const char *)data + (size_t)t * (size_t)vb;
     for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
     for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + (size_t)LB_FAR * vb + b, _MM_HINT_T1);
+}
+
+/* The near half alone: what the 3- and 2-bit integer scores take, whose
+ * far prefetches cost more than they saved (docs/kernel-notes.md#tbq-vbmi). */
+AVX512_INLINE void lb_prefetch_near(const uint8_t *data, int vb, int t, int n) {
+    const char *p = (const char *)data + (size_t)t * (size_t)vb;
+    for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
 /* Lane l of a decoded 16-group holds value perm16[l] of the group, and
@@ -895,6 +907,165 @@ accum_i16(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, fl
     return 0;
 }
 
+/* ---- AVX-512 VBMI: the same integer scores and sums for 3- and 2-bit codes
+ * tbq3 and tbq2 take the integer paths above with their codes unpacked by
+ * two VBMI instructions: vpermb gathers each 8-code word (b bytes) into a
+ * 64-bit lane, vpmultishiftqb moves code k's bits to the bottom of byte k
+ * (with the next codes' bits above them), and the lookups ignore those:
+ * vpermb reads 6 index bits, so a 64-entry copy of the b-bit codebook
+ * (tbl[i] = cb8[i mod 2^b]) needs no mask, and vpermw reads 5 (cb16 repeats
+ * likewise). A position costs 6 instructions of decode for its scores and
+ * 11 for its share of a pair's sums; the scores come out in value order,
+ * so the query, prepared as for tbq4 (even and odd values apart), is put
+ * back in order once per call (docs/kernel-notes.md#tbq-vbmi). tbq3's
+ * 10-bit codebook rounds its smallest centroid by up to 0.4%, hence its
+ * accum_err of 3e-3 where tbq4 and tbq2 have 2e-3.
+ *
+ *   word w (values 8w..8w+7):  b bytes at b·w, code k at bits b·k..b·k+b-1
+ *   score lanes   qword q of register r = word 8r + q, byte k = code k
+ *   sum lanes     qword q of group g = word 4g + q/2 of positions t and u,
+ *                 words (t, u) of two codes each, in pairs16.h's lo/hi order
+ */
+#define VBMI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma,f16c")))
+#define VBMI_INLINE                                                                                                    \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma,f16c"), always_inline))   \
+    static inline
+
+/* Score lanes: qword q gets bytes b·w .. b·w + 2 of word w = 8r + q (a
+ * 2-bit word's third byte is the next word's, unused). */
+#define VB_W(b, w) (b) * (w), (b) * (w) + 1, (b) * (w) + 2, 0, 0, 0, 0, 0
+#define VB_R(b, r)                                                                                                     \
+    VB_W(b, 8 * (r)), VB_W(b, 8 * (r) + 1), VB_W(b, 8 * (r) + 2), VB_W(b, 8 * (r) + 3), VB_W(b, 8 * (r) + 4),          \
+        VB_W(b, 8 * (r) + 5), VB_W(b, 8 * (r) + 6), VB_W(b, 8 * (r) + 7)
+/* Byte k of every qword shifted by b·k. */
+#define VB_SH(b) 0, (b), 2 * (b), 3 * (b), 4 * (b), 5 * (b), 6 * (b), 7 * (b)
+static const uint8_t vb_gather[2][2][64] = {{{VB_R(2, 0)}, {VB_R(2, 1)}}, {{VB_R(3, 0)}, {VB_R(3, 1)}}};
+static const uint8_t vb_shift[2][64] = {{VB_SH(2), VB_SH(2), VB_SH(2), VB_SH(2), VB_SH(2), VB_SH(2), VB_SH(2), VB_SH(2)},
+                                        {VB_SH(3), VB_SH(3), VB_SH(3), VB_SH(3), VB_SH(3), VB_SH(3), VB_SH(3), VB_SH(3)}};
+
+/* Sum lanes: word w's bytes of position t (table a) then of u (table b,
+ * +64); for group g, qwords 2m and 2m + 1 both hold word 4g + m. */
+#define VP_W2(w) 2 * (w), 2 * (w) + 1, 64 + 2 * (w), 65 + 2 * (w), 0, 0, 0, 0
+#define VP_W3(w) 3 * (w), 3 * (w) + 1, 3 * (w) + 2, 64 + 3 * (w), 65 + 3 * (w), 66 + 3 * (w), 0, 0
+#define VP_G(W, g) W(4 * (g)), W(4 * (g)), W(4 * (g) + 1), W(4 * (g) + 1), W(4 * (g) + 2), W(4 * (g) + 2), W(4 * (g) + 3), W(4 * (g) + 3)
+static const uint8_t vp_gather[2][4][64] = {{{VP_G(VP_W2, 0)}, {VP_G(VP_W2, 1)}, {VP_G(VP_W2, 2)}, {VP_G(VP_W2, 3)}},
+                                            {{VP_G(VP_W3, 0)}, {VP_G(VP_W3, 1)}, {VP_G(VP_W3, 2)}, {VP_G(VP_W3, 3)}}};
+/* A qword holding codes c, c + 1 of t (at bit 0) and u (at bit 8b): words
+ * t_c, u_c, t_c+1, u_c+1 from its low bytes (the high ones are not read).
+ * lo lanes take codes 0, 1 (even qwords) and 2, 3 (odd), hi 4, 5 and 6, 7. */
+#define VP_C(b, c) (b) * (c), 0, 8 * (b) + (b) * (c), 0, (b) * ((c) + 1), 0, 8 * (b) + (b) * ((c) + 1), 0
+#define VP_SH(b, c) VP_C(b, c), VP_C(b, (c) + 2), VP_C(b, c), VP_C(b, (c) + 2), VP_C(b, c), VP_C(b, (c) + 2), VP_C(b, c), VP_C(b, (c) + 2)
+static const uint8_t vp_shift[2][2][64] = {{{VP_SH(2, 0)}, {VP_SH(2, 4)}}, {{VP_SH(3, 0)}, {VP_SH(3, 4)}}};
+
+/* A position's 16 · b code bytes, masked so the last position reads nothing past them. */
+VBMI_INLINE __m512i vb_load(const uint8_t *qs, const int B) {
+    return _mm512_maskz_loadu_epi8(B == 3 ? 0xffffffffffffULL : 0xffffffffULL, qs);
+}
+
+/* score_i8_body for B-bit codes: 2 · 3 instructions of decode and 2
+ * vpdpbusd per head and position, four positions per hsum tree. */
+VBMI_INLINE void score_vb_body(const LbFmt *f, const int B, const int NQ, const uint8_t *data, const LbQ8 *o, int t0,
+                               int t1, float *out, int ldo) {
+    const __m512i tbl = _mm512_loadu_si512(f->cb8), sh = _mm512_loadu_si512(vb_shift[B - 2]),
+                  g0 = _mm512_loadu_si512(vb_gather[B - 2][0]), g1 = _mm512_loadu_si512(vb_gather[B - 2][1]);
+    const size_t vb = (size_t)f->vec_bytes;
+    /* the queries back in value order: unpacking qe and qo byte by byte
+     * gives 128-bit lanes of values 32l..32l+15 (lo) and 32l+16..32l+31
+     * (hi), which two qword permutes put in order, 0-63 and 64-127 */
+    const __m512i p0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), p1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    __m512i q0[4], q1[4];
+    for (int i = 0; i < NQ; i++) {
+        const __m512i e = _mm512_loadu_si512(o[i].qe), d = _mm512_loadu_si512(o[i].qo);
+        const __m512i lo = _mm512_unpacklo_epi8(e, d), hi = _mm512_unpackhi_epi8(e, d);
+        q0[i] = _mm512_permutex2var_epi64(lo, p0, hi);
+        q1[i] = _mm512_permutex2var_epi64(lo, p1, hi);
+    }
+    for (int t = t0; t < t1; t += 4) {
+        const int R = t1 - t < 4 ? t1 - t : 4;
+        __m512i acc[4][4];
+        float sc[4] = {0, 0, 0, 0};
+        lb_prefetch_near(data, f->vec_bytes, t + LB_AHEAD, 4);
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) {
+                for (int i = 0; i < NQ; i++) acc[r][i] = _mm512_setzero_si512();
+                continue;
+            }
+            const uint8_t *blk = data + (size_t)(t + r) * vb;
+            const __m512i v = vb_load(blk + f->hdr, B);
+            const __m512i lo = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(sh, _mm512_permutexvar_epi8(g0, v)), tbl),
+                          hi = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(sh, _mm512_permutexvar_epi8(g1, v)), tbl);
+            for (int i = 0; i < NQ; i++)
+                acc[r][i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, q0[i]), hi, q1[i]);
+            sc[r] = header_avx2(blk, f->hdr);
+        }
+        const __m128 sv = _mm_loadu_ps(sc);
+        const __mmask8 keep = (__mmask8)((1u << R) - 1);
+        for (int i = 0; i < NQ; i++) {
+            const __m128 dot = _mm_cvtepi32_ps(hsum4_512i(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
+            const __m128 s = _mm_mul_ps(_mm_mul_ps(_mm_sub_ps(dot, _mm_set1_ps((float)o[i].bias)), sv),
+                                        _mm_set1_ps(o[i].inv));
+            _mm_mask_storeu_ps(out + (size_t)i * ldo + (t - t0), keep, s);
+        }
+    }
+}
+
+VBMI_INLINE void score_vb_heads(const LbFmt *f, const int B, const uint8_t *data, const LbQ8 *o, int nq, int t0,
+                                int t1, float *out, int ldo) {
+    switch (nq) {
+    case 1: score_vb_body(f, B, 1, data, o, t0, t1, out, ldo); break;
+    case 2: score_vb_body(f, B, 2, data, o, t0, t1, out, ldo); break;
+    case 3: score_vb_body(f, B, 3, data, o, t0, t1, out, ldo); break;
+    default: score_vb_body(f, B, 4, data, o, t0, t1, out, ldo); break;
+    }
+}
+
+/* score_i8 for 3- and 2-bit codes. */
+VBMI_FN static int score_vb(const LbFmt *f, const uint8_t *data, const float *q, int nq, int t0, int t1, float *out,
+                            int ldo) {
+    LbQ8 o[4];
+    for (int i = 0; i < nq; i++) {
+        const float s = q8_scale16(q + (size_t)i * 128);
+        if (s < 0) return -1;
+        q8_prep(q + (size_t)i * 128, s, f->cb8_s, &o[i]);
+    }
+    if (f->kind == LB_IDX3) score_vb_heads(f, 3, data, o, nq, t0, t1, out, ldo);
+    else score_vb_heads(f, 2, data, o, nq, t0, t1, out, ldo);
+    return 0;
+}
+
+/* pairs16.h's decoder for positions t and u, 3- or 2-bit codes: per group
+ * one vpermt2b, then per half a vpmultishiftqb and a vpermw lookup. */
+VBMI_INLINE void vb_dec16(const KVStream *s, const int B, int t, int u, __m512i x[4][2]) {
+    const LbFmt *f = s->aux;
+    const __m512i a = vb_load(s->data + (size_t)t * (size_t)f->vec_bytes + f->hdr, B),
+                  b = vb_load(s->data + (size_t)u * (size_t)f->vec_bytes + f->hdr, B);
+    const __m512i tbl = _mm512_loadu_si512(f->cb16), slo = _mm512_loadu_si512(vp_shift[B - 2][0]),
+                  shi = _mm512_loadu_si512(vp_shift[B - 2][1]);
+    for (int g = 0; g < 4; g++) {
+        const __m512i w = _mm512_permutex2var_epi8(a, _mm512_loadu_si512(vp_gather[B - 2][g]), b);
+        x[g][0] = _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(slo, w), tbl);
+        x[g][1] = _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(shi, w), tbl);
+    }
+}
+VBMI_INLINE void vb_dec16_3(const KVStream *s, int t, int u, __m512i x[4][2]) { vb_dec16(s, 3, t, u, x); }
+VBMI_INLINE void vb_dec16_2(const KVStream *s, int t, int u, __m512i x[4][2]) { vb_dec16(s, 2, t, u, x); }
+
+/* accum_i16 for 3- and 2-bit codes: groups come out in value order. */
+VBMI_FN static int accum_vb(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const LbFmt *f = s->aux;
+    __m512 sum[8][4][2];
+    if (f->kind == LB_IDX3 ? p16_accum(s, vb_dec16_3, tbq_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum)
+                           : p16_accum(s, vb_dec16_2, tbq_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum))
+        return -1;
+    for (int i = 0; i < nq; i++)
+        for (int g = 0; g < 4; g++)
+            for (int h = 0; h < 2; h++) {
+                float *a = acc + (size_t)i * 128 + 32 * g + 16 * h;
+                _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), sum[i][g][h]));
+            }
+    return 0;
+}
+
 /* Heads go in groups of at most 4 (5 -> 3 + 2, 8 -> 4 + 4), or 2 where the
  * float AVX-512 path would give up to two heads score16_one, whose sums run
  * in another order than score16_pos's: so a head's scores never depend on
@@ -913,7 +1084,9 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
         int m = (nq - i0 + left - 1) / left;
         const float *qi = q + (size_t)i0 * s->d;
         float *oi = out + (size_t)i0 * ldo;
-        if (kernels_level() >= 3 && i8_path(s) && !score_i8(f, s->data, qi, m, t0, t1, oi, ldo)) {
+        if (kernels_level() >= 3 && i8_path(s) &&
+            !(f->kind == LB_IDX4 ? score_i8(f, s->data, qi, m, t0, t1, oi, ldo)
+                                 : score_vb(f, s->data, qi, m, t0, t1, oi, ldo))) {
             i0 += m;
             continue;
         }
@@ -925,7 +1098,9 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
 
 void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const LbFmt *f = s->aux;
-    if (kernels_level() >= 3 && i8_path(s) && !accum_i16(s, p, ldp, nq, t0, t1, acc)) return;
+    if (kernels_level() >= 3 && i8_path(s) &&
+        !(f->kind == LB_IDX4 ? accum_i16(s, p, ldp, nq, t0, t1, acc) : accum_vb(s, p, ldp, nq, t0, t1, acc)))
+        return;
     const int wide = kernels_level() > 1 && f->kind == LB_IDX4;
     if (kernels_level() == 0) {
         kv_accum_ref(s, p, ldp, nq, t0, t1, acc);

@@ -40,13 +40,13 @@ typedef struct {
     int vec_bytes; /* nb · blk_bytes, the stride between positions */
     float cb[16];  /* codebook, already scaled to the block */
     float mid[15]; /* its decision boundaries */
-    /* 4-bit codebooks as the VNNI scores read them: cb8[i] = round(cb[i] ·
-     * cb8_s) + 128, cb8_s = 127 / max|cb| */
-    uint8_t cb8[16];
+    /* Index codebooks as the VNNI scores read them: cb8[i] = round(cb[i] ·
+     * cb8_s) + 128, cb8_s = 127 / max|cb|, repeating every 2^kind entries
+     * (vpermb's 6-bit lookups, lowbit.c) */
+    uint8_t cb8[64];
     float cb8_s;
-    /* and as the integer sums read it: cb16[i] = round(cb[i] · cb16_s),
-     * cb16_s = 1023 / max|cb| (cb16_d = its inverse), entries 16-31
-     * repeating 0-15 */
+    /* and as the integer sums read them: cb16[i] = round(cb[i] · cb16_s),
+     * cb16_s = 1023 / max|cb| (cb16_d = its inverse), repeating likewise */
     int16_t cb16[32];
     float cb16_s, cb16_d;
 } LbFmt;
@@ -79,7 +79,8 @@ size_t lb_kv_bytes(const KVStream *s);
 
 /* The integer scores lb_kv_score gives at kernels_level() >= 3, in plain C
  * with the same rounding: 0, or -1 when the stream or the queries do not
- * take that path (it needs 4-bit codes without renorm, d = 128 in one block,
+ * take that path (it needs tbq's blocks: d = 128 in one block, an fp16
+ * scale, no renorm; 4-bit codes, or 3 and 2 bits where the CPU has VBMI;
  * finite queries). Tests hold the VNNI kernel to it bit for bit. */
 int lb_score_i8_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
 

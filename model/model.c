@@ -642,8 +642,7 @@ static void attn_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
         memcpy(m->trace_q + (size_t)cl * s->cap * qd, s->q, (size_t)n * qd * sizeof(float));
     /* Each kv head is an independent stream: one thread appends a few
      * positions and attends from all of them at once (attn_block), with the
-     * same bits as decode appending and attending one by one; a windowed
-     * scheme, whose appends change earlier positions, goes one by one. */
+     * same bits as decode appending and attending one by one. */
     const int blk = attn_block_tokens(grp);
     size_t per = attn_scratch_floats(grp * blk, hd);
     /* scratch was sized for s->threads at load: never run more */
@@ -651,9 +650,8 @@ static void attn_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
     for (int h = 0; h < nkv; h++) {
         float *scr = s->attn_scratch + (size_t)omp_get_thread_num() * per;
         KVStream *ks = kv_k(kv, cl, h), *vs = kv_v(kv, cl, h);
-        const int block = ks->scheme->windowed || vs->scheme->windowed ? 1 : blk;
-        for (int i0 = 0; i0 < n; i0 += block) {
-            const int b = n - i0 < block ? n - i0 : block;
+        for (int i0 = 0; i0 < n; i0 += blk) {
+            const int b = n - i0 < blk ? n - i0 : blk;
             for (int i = i0; i < i0 + b; i++) {
                 kv_stream_append(ks, s->k + (size_t)i * kvd + (size_t)h * hd);
                 kv_stream_append(vs, s->v + (size_t)i * kvd + (size_t)h * hd);

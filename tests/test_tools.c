@@ -100,7 +100,7 @@ Test(tools, bad_arguments_exit_2_with_one_line) {
         {"make_model", "--shape qwen3.5-tiny --layers 3 --out /tmp/run_tools_never", "--layers: expected at least 4"},
         {"bench", "", "usage: bench"},
         {"bench", "bench/none --threads 0", "usage: bench"},
-        {"bench", "bench/none --kv a,b,c,d,e,f,g,h,i", "--kv: expected at most"},
+        {"bench", "bench/none --kv a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q", "--kv: expected at most"},
         {"bench", "bench/none --kv f16,zzz", "unknown scheme 'zzz'"},
         {"bench", "bench/none --kv ,", "expected at least one scheme"},
         {"bench", "bench/none --vs", "usage: bench"},

@@ -7,7 +7,8 @@
  * The roofline it reports is bytes read per token against the measured
  * read bandwidth (Williams, Waterman and Patterson, 2009).
  *
- *   build/bench MODEL_DIR [--threads 1,2] [--ctx 8192,32768] [--kv f16,q8,q4,tbq4] [--vs DIR]
+ *   build/bench MODEL_DIR [--threads 1,2] [--ctx 4096,16384,32768] [--depth 16384] [--kv f16,q8,q4,tbq4]
+ *               [--vs DIR]
  *
  * (`make bench` runs it on a random-weight Qwen3-0.6B from tools/make_model.c,
  * then on a Qwen3.5-0.8B-shaped hybrid: --threads 2 --ctx 4096 --kv f16
@@ -42,13 +43,16 @@
  *      (the median of the passes);
  *   4. decode at long context: the cache of every layer and kv head filled
  *      directly with kv_stream_append (random vectors with the magnitudes of
- *      this model's k and v: the work does not depend on the values) to 8K
- *      and 32K positions, for every scheme at once (about 7.8 GB at 32K for
- *      f16, q8, q4 and tbq4), then passes of 1 untimed + 32 timed decode
- *      steps (16 above 8K positions) taken scheme after scheme, best of 5
- *      passes each; the cache is truncated back after each pass. "fill s"
- *      is the time the appends took (most threads): what storing that many
- *      positions costs in each scheme;
+ *      this model's k and v: the work does not depend on the values) to
+ *      each --ctx (4K, 16K and 32K), for every --kv scheme at once (about
+ *      14 GB at 32K for all eleven compressed ones and f16), then passes of
+ *      1 untimed + 32 timed decode steps (16 above 8K positions) taken
+ *      scheme after scheme, best of 5 passes each; the cache is truncated
+ *      back after each pass. "fill s" is the time the appends took (most
+ *      threads): what storing that many positions costs in each scheme;
+ *   4b. at each --ctx that is also a --depth (16K): a 512-token prefill
+ *      after the filled cache, per scheme, at the most threads, best of 2
+ *      (depth_prefill);
  *   5. section 3 again after converting the matmul weights to q8 blocks
  *      (model_quantize, what -wq q8 does), beside the stored-weights speed;
  *   6. for a hybrid: the delta rule alone (model_delta_rule, one layer's
@@ -83,7 +87,7 @@
 #include "kernels/ops.h"
 #include "model/model.h"
 
-#define MAX_LIST 8
+#define MAX_LIST 16
 #define BW_FLOATS ((size_t)1 << 28) /* 1 GiB */
 #define PREFILL 512
 #define PROMPT 16
@@ -97,6 +101,9 @@
  * shared host's other tenants can cover all of a scheme's passes
  * (docs/kernel-notes.md#bench-repetitions). */
 #define LONG_REPS 5
+/* Prefill at depth: a few seconds to a minute per run; best of 2, taken in
+ * turn with the other schemes' like the decode passes. */
+#define DEPTH_REPS 2
 #define POOL 4096 /* random k/v vectors cycled through when filling caches */
 
 static double now(void) {
@@ -403,6 +410,42 @@ static void kv_fill(KVCache *kv, int n, const float *kpool, const float *vpool, 
     }
 }
 
+/* Section 4b: one model_forward of PREFILL tokens after ctx cached
+ * positions, per scheme, at the largest thread count (best of DEPTH_REPS,
+ * the schemes in turn), the cache emptied and filled again after each
+ * (truncation reaches back KV_MAX_ROLLBACK positions, not 512). Attention
+ * reads every cached position once per block of tokens (attn_block), so
+ * at depth it outweighs the matmuls; "KV MB per token" is what one token
+ * would read alone: the scheme's bytes per vector x ctx x layers x kv
+ * heads x 2. */
+static void depth_prefill(Model *models, int nt, const int *threads, KVCache *kvs, const KVSpec *sps,
+                          const char *const *names, int ns, int ctx, const int *tok, float *logits, int f16,
+                          const float *kpool, const float *vpool) {
+    Model *m = &models[nt - 1];
+    double tps[MAX_LIST] = {0};
+    omp_set_num_threads(threads[nt - 1]);
+    for (int rep = 0; rep < DEPTH_REPS; rep++)
+        for (int k = 0; k < ns; k++) {
+            const double t0 = now();
+            forward(m, &kvs[k], tok, PREFILL, logits);
+            const double r = PREFILL / (now() - t0);
+            tps[k] = r > tps[k] ? r : tps[k];
+            if (rep + 1 == DEPTH_REPS) continue;
+            if (kv_cache_truncate(&kvs[k], 0)) fail(names[k], "emptying the cache failed");
+            kv_fill(&kvs[k], ctx, kpool, vpool, threads[nt - 1]);
+        }
+    printf("\n### Prefill at depth: %d tokens in one model_forward after %d cached positions, %d threads "
+           "(best of %d)\n\n| ctx | kv | tok/s | vs f16 | KV MB per token |\n|---:|---|---:|---:|---:|\n",
+           PREFILL, ctx, threads[nt - 1], DEPTH_REPS);
+    for (int k = 0; k < ns; k++) {
+        char vs[32] = "-";
+        if (f16 >= 0) snprintf(vs, sizeof vs, "%.2fx", tps[k] / tps[f16]);
+        printf("| %d | %s | %.1f | %s | %.1f |\n", ctx, names[k], tps[k], vs,
+               kv_bytes_per_position(m, &sps[k]) * ctx / 1e6);
+    }
+    fflush(stdout);
+}
+
 /* ---- the delta rule alone ---- */
 
 #define RULE_TOKENS 256                  /* tokens per call in the prefill case: one forward chunk */
@@ -525,22 +568,25 @@ static void print_load(const char *when) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: bench MODEL_DIR [--threads 1,2] [--ctx 8192,32768] [--kv f16,q8,q4,tbq4] [--vs DIR]\n");
+    fprintf(stderr, "usage: bench MODEL_DIR [--threads 1,2] [--ctx 4096,16384,32768] [--depth 16384] [--kv LIST] "
+                    "[--vs DIR]\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
-    int threads[MAX_LIST] = {1, 2}, nt = 2, ctxs[MAX_LIST] = {8192, 32768}, nc = 2;
+    int threads[MAX_LIST] = {1, 2}, nt = 2, ctxs[MAX_LIST] = {4096, 16384, 32768}, nc = 3, depths[MAX_LIST] = {16384},
+        nd = 1;
     const char *dir = NULL, *kv_list = "f16,q8,q4,tbq4", *vs_dir = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
         if (strcmp(argv[i], "--threads") == 0) nt = parse_list(v, threads), i++;
         else if (strcmp(argv[i], "--ctx") == 0) nc = parse_list(v, ctxs), i++;
         else if (strcmp(argv[i], "--kv") == 0) kv_list = v, i++;
+        else if (strcmp(argv[i], "--depth") == 0) nd = parse_list(v, depths), i++;
         else if (strcmp(argv[i], "--vs") == 0 && *v) vs_dir = v, i++;
         else if (argv[i][0] != '-' && !dir) dir = argv[i];
         else return usage();
-        if (nt < 1 || nc < 1) return usage();
+        if (nt < 1 || nc < 1 || nd < 1) return usage();
     }
     if (!dir) return usage();
     /* the schemes split and checked once, now, not when section 4 reaches
@@ -801,6 +847,10 @@ int main(int argc, char **argv) {
            LONG_REPS, c->n_layers - c->n_gdn, c->n_kv_heads, wbytes / 1e9, state_txt);
     for (int ci = 0; ci < nc; ci++) {
         const int ctx = ctxs[ci], steps = ctx <= 8192 ? 32 : 16;
+        int deep = 0;
+        for (int j = 0; j < nd; j++) deep |= depths[j] == ctx;
+        /* room for the decode steps, or for a prefill after ctx */
+        const int room = deep && PREFILL > steps + 1 ? PREFILL : steps + 1;
         /* every scheme's cache filled first, then the passes taken in turn
          * (scheme by scheme, each thread count), so that a change of load
          * on the host during the section falls on every scheme alike */
@@ -810,7 +860,7 @@ int main(int argc, char **argv) {
         double fill_s[MAX_LIST], tps[MAX_LIST][MAX_LIST] = {{0}};
         const int ns = nkv;
         for (int k = 0; k < ns; k++) {
-            kv_open(m, &kvs[k], names[k], ctx + 1 + steps, &sps[k]);
+            kv_open(m, &kvs[k], names[k], ctx + room, &sps[k]);
             double t0 = now();
             kv_fill(&kvs[k], ctx, kpool, vpool, maxt);
             fill_s[k] = now() - t0;
@@ -845,6 +895,7 @@ int main(int argc, char **argv) {
             }
         }
         fflush(stdout);
+        if (deep) depth_prefill(models, nt, threads, kvs, sps, names, ns, ctx, tok, logits, f16, kpool, vpool);
         for (int k = 0; k < ns; k++) kv_cache_free(&kvs[k]);
     }
     /* 5. short-context decode again with the matmul weights converted to
