@@ -57,7 +57,7 @@
 #include <string.h>
 
 /* ISA_VNNI is AVX-512 plus its 8-bit dot product (vpdpbusd), which the
- * integer kernels (DT_Q8I drafts, tbq4 scores) need. */
+ * integer kernels (DT_Q8I drafts, q8 and tbq attention) need. */
 typedef enum { ISA_REF, ISA_AVX2, ISA_AVX512, ISA_VNNI } Isa;
 /* The chosen ISA, -1 until first use. Attention's threads read it too, so
  * it is read and written atomically (two first uses just agree). */

@@ -8,7 +8,8 @@
  * (role 1) quantizes the token that falls out of its R-token FIFO.
  * Attention reads [quantized | window] through kivi_score (K, zero point
  * factored out per group) and kivi_accum (V, zero point summed per group):
- * AVX-512 kernels for head dims 128 and 256, else AVX2, else plain C.
+ * AVX-512 kernels for head dims 128 and 256 (V: groups of 16 channels or
+ * a multiple), else AVX2, else plain C.
  *
  * Per group: s = (max - min) / (2^b - 1), z = min, both fp16;
  * code = round(clamp((x - z) / s, 0, 2^b - 1)) with the fp16 s and z

@@ -34,7 +34,7 @@ typedef struct KVStream KVStream;
 #define KV_MAX_ROLLBACK 64
 /* score and accum must give each query the same bits whatever other
  * queries share the call, for nq up to this (past it a scheme may switch
- * kernels: q8's and tbq4's integer accumulate take at most 8). Prefill's
+ * kernels: the integer accumulates of q8 and tbq take at most 8). Prefill's
  * attention blocks rely on it (attn/attn.h), and
  * kv/queries_do_not_depend_on_their_neighbours holds every scheme to it. */
 #define KV_MAX_NQ 8
@@ -81,10 +81,11 @@ typedef struct KVScheme {
      * that adds beyond float rounding, as a share of ‖q‖·‖k‖; score_int is
      * the same integer arithmetic in plain C, which the kernel matches bit
      * for bit (returns -1 where a stream or query does not take that path:
-     * other head dims, non-finite queries). 0 / NULL for float schemes. */
+     * other head dims, non-finite queries, 3- and 2-bit codes at any level
+     * but avx512vnni on a CPU with VBMI). 0 / NULL for float schemes. */
     float score_err;
     int (*score_int)(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
-    /* Likewise for accum: at kernels_level() >= 3 q8 and tbq4 round the
+    /* Likewise for accum: at kernels_level() >= 3 q8 and tbq round the
      * weights p_t · scale to 16-bit integers per span of positions
      * (vpdpwssd, kv/pairs16.h); accum_err bounds what that adds, as a
      * share of Σ_t |p_t · v_t[j]|, and the tests hold the kernel to the

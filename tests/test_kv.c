@@ -259,7 +259,9 @@ Test(kv, queries_do_not_depend_on_their_neighbours) {
                 }
         for (int si = 0; si < kv_n_schemes; si++) {
             const KVScheme *sc = kv_schemes[si];
-            const int d = 128, n = 203, nq = 2, b = KV_MAX_NQ / nq;
+            /* KIVI: past 260 positions some blocks read below the settled
+             * positions, shared by all their tokens */
+            const int d = 128, n = sc->windowed ? 300 : 203, nq = 2, b = KV_MAX_NQ / nq;
             KVStream k1, v1, k2, v2;
             if (!open_stream_as(&k1, sc, d, n, 0)) continue;
             cr_assert(open_stream_as(&v1, sc, d, n, 1) && open_stream_as(&k2, sc, d, n, 0) && open_stream_as(&v2, sc, d, n, 1));
@@ -300,6 +302,14 @@ Test(kv, integer_scores_match_their_twin) {
         KVStream s;
         if (!sc->score_int || !open_stream(&s, sc, d, n)) continue;
         cr_expect(sc->score_err > 0, "%s: score_int without score_err", sc->name);
+        /* 3- and 2-bit codes unpack with VBMI, which some VNNI CPUs lack */
+        if (!int_path(&s)) {
+            float o, u[128] = {1};
+            kv_stream_append(&s, u);
+            cr_expect_eq(sc->score_int(&s, u, 1, 0, 1, &o, 1), -1, "%s: integer scores without VBMI", sc->name);
+            kv_stream_free(&s);
+            continue;
+        }
         float *x = malloc(sizeof(float) * n * d), q[6 * 128], qd[6 * 128], a[6 * 203], b[6 * 203], r[6 * 203];
         fill(x, n * d);
         for (int t = 0; t < n; t++) kv_stream_append(&s, x + t * d);

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef TEST_SEED
 static unsigned long long rng_state = TEST_SEED;
@@ -29,11 +30,19 @@ static inline void fill(float *x, int n) {
 
 #ifdef KV_H
 /* The integer kernel level's allowances (KVScheme.score_err, accum_err);
- * 0 at other levels and for float schemes. Needs kernels/matmul.h. */
+ * 0 at other levels, for float schemes, and where a scheme's integer
+ * paths are not taken: 3- and 2-bit codes need VBMI besides VNNI
+ * (kv/lowbit.c). Needs kernels/matmul.h. */
+static inline int int_path(const KVStream *s) {
+    const char *n = s->scheme->name;
+    if (!kernels_has_vbmi() && (!strcmp(n, "tbq3") || !strcmp(n, "tbq2") || !strcmp(n, "lm3"))) return 0;
+    return kernels_level() >= 3;
+}
+
 /* What an integer score path may add to float rounding: score_err times
  * ‖q‖·‖k_t‖ at the level that has one. */
 static inline float int_err(const KVStream *s, const float *q, int t) {
-    if (kernels_level() < 3 || !s->scheme->score_err) return 0;
+    if (!s->scheme->score_err || !int_path(s)) return 0;
     float y[KV_MAX_DIM];
     double qq = 0, kk = 0;
     s->scheme->dequant(s, t, y);
@@ -44,7 +53,7 @@ static inline float int_err(const KVStream *s, const float *q, int t) {
 /* What an integer accumulate path may add to float rounding: accum_err
  * times Σ_t |p_t · v_t[j]| over [t0, t1), at the level that has one. */
 static inline float int_accum_err(const KVStream *s, const float *p, int t0, int t1, int j) {
-    if (kernels_level() < 3 || !s->scheme->accum_err) return 0;
+    if (!s->scheme->accum_err || !int_path(s)) return 0;
     float y[KV_MAX_DIM];
     double mag = 0;
     for (int t = t0; t < t1; t++) {

@@ -421,9 +421,11 @@ static void kv_fill(KVCache *kv, int n, const float *kpool, const float *vpool, 
 static void depth_prefill(Model *models, int nt, const int *threads, KVCache *kvs, const KVSpec *sps,
                           const char *const *names, int ns, int ctx, const int *tok, float *logits, int f16,
                           const float *kpool, const float *vpool) {
-    Model *m = &models[nt - 1];
+    int most = 0;
+    for (int i = 1; i < nt; i++) most = threads[i] > threads[most] ? i : most;
+    Model *m = &models[most];
     double tps[MAX_LIST] = {0};
-    omp_set_num_threads(threads[nt - 1]);
+    omp_set_num_threads(threads[most]);
     for (int rep = 0; rep < DEPTH_REPS; rep++)
         for (int k = 0; k < ns; k++) {
             const double t0 = now();
@@ -432,11 +434,11 @@ static void depth_prefill(Model *models, int nt, const int *threads, KVCache *kv
             tps[k] = r > tps[k] ? r : tps[k];
             if (rep + 1 == DEPTH_REPS) continue;
             if (kv_cache_truncate(&kvs[k], 0)) fail(names[k], "emptying the cache failed");
-            kv_fill(&kvs[k], ctx, kpool, vpool, threads[nt - 1]);
+            kv_fill(&kvs[k], ctx, kpool, vpool, threads[most]);
         }
     printf("\n### Prefill at depth: %d tokens in one model_forward after %d cached positions, %d threads "
            "(best of %d)\n\n| ctx | kv | tok/s | vs f16 | KV MB per token |\n|---:|---|---:|---:|---:|\n",
-           PREFILL, ctx, threads[nt - 1], DEPTH_REPS);
+           PREFILL, ctx, threads[most], DEPTH_REPS);
     for (int k = 0; k < ns; k++) {
         char vs[32] = "-";
         if (f16 >= 0) snprintf(vs, sizeof vs, "%.2fx", tps[k] / tps[f16]);
