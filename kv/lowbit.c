@@ -1,8 +1,7 @@
 /* lowbit.c: code packing, block encode/decode and the AVX2 / AVX-512
  * score and accumulate kernels of the packed low-bit KV schemes (layouts in
- * lowbit.h), with integer (AVX-512 VNNI) ones for d = 128 index codes
- * (tbq, lm3) at the end: 4-bit codes on VNNI, 3- and 2-bit codes where the
- * CPU also has VBMI.
+ * lowbit.h), with integer (AVX-512 VNNI) ones for tbq's shape at the end:
+ * 4-bit codes on VNNI, 3- and 2-bit codes where the CPU also has VBMI.
  * The plain C path is kv.c's reference over lb_dequant (the only one on
  * other CPUs than x86-64).
  *
@@ -174,11 +173,13 @@ static int32_t i8_dot_ref(const uint8_t *cb8, int bits, const uint8_t *qs, const
     return a;
 }
 
-/* Index codes of d = 128 in one block without renorm (tbq2/3/4, lm3);
- * 2 and 3 bits need VBMI to unpack their codes in registers. */
+/* tbq's d = 128 blocks (fp16 scale, no renorm); 2 and 3 bits need VBMI
+ * to unpack their codes in registers. lm3 (fp32 scale, no rotation) keeps
+ * its float kernels: rounding its unrotated queries to 8 bits moved the
+ * shipped model's logits by up to 1.8% of the largest. */
 static int i8_path(const KVStream *s) {
     const LbFmt *f = s->aux;
-    return f->kind != LB_Q4_0 && !f->renorm && f->nb == 1 && f->n == 128 && s->d == 128 &&
+    return f->kind != LB_Q4_0 && !f->renorm && f->nb == 1 && f->n == 128 && s->d == 128 && f->hdr == 2 &&
            (f->kind == LB_IDX4 || kernels_has_vbmi());
 }
 
@@ -876,17 +877,15 @@ PAIRS16 void tbq_dec16(const KVStream *s, int t, int u, __m512i x[4][2]) {
     }
 }
 
-/* 16 positions' stored scales (fp16, or lm3's fp32) in one gather, over
- * the codebook's scale. */
-PAIRS16 __m512 lb_scale16(const KVStream *s, int t, int g, __mmask16 k) {
+/* 16 positions' fp16 norms in one gather, over the codebook's scale. */
+PAIRS16 __m512 tbq_scale16(const KVStream *s, int t, int g, __mmask16 k) {
     (void)g;
     const LbFmt *f = s->aux;
     const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                           _mm512_set1_epi32(f->vec_bytes));
     const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, at,
                                                   (const void *)(s->data + (size_t)t * (size_t)f->vec_bytes), 1);
-    const __m512 sc = f->hdr == 4 ? _mm512_castsi512_ps(h) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
-    return _mm512_mul_ps(sc, _mm512_set1_ps(f->cb16_d));
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), _mm512_set1_ps(f->cb16_d));
 }
 
 /* acc += Σ p v in integers, added only once all of it is summed: 0, or
@@ -897,7 +896,7 @@ accum_i16(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, fl
     const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
                   hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
     __m512 sum[8][4][2];
-    if (p16_accum(s, tbq_dec16, lb_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum)) return -1;
+    if (p16_accum(s, tbq_dec16, tbq_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum)) return -1;
     /* even group e and odd group e + 2 hold values 64e + 2j and 64e + 2j + 1 */
     for (int i = 0; i < nq; i++)
         for (int e = 0; e < 2; e++)
@@ -911,7 +910,7 @@ accum_i16(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, fl
 }
 
 /* ---- AVX-512 VBMI: the same integer scores and sums for 3- and 2-bit codes
- * tbq3, tbq2 and lm3 take the integer paths above with their codes unpacked by
+ * tbq3 and tbq2 take the integer paths above with their codes unpacked by
  * two VBMI instructions: vpermb gathers each 8-code word (b bytes) into a
  * 64-bit lane, vpmultishiftqb moves code k's bits to the bottom of byte k
  * (with the next codes' bits above them), and the lookups ignore those:
@@ -1057,8 +1056,8 @@ VBMI_INLINE void vb_dec16_2(const KVStream *s, int t, int u, __m512i x[4][2]) { 
 VBMI_FN static int accum_vb(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const LbFmt *f = s->aux;
     __m512 sum[8][4][2];
-    if (f->kind == LB_IDX3 ? p16_accum(s, vb_dec16_3, lb_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum)
-                           : p16_accum(s, vb_dec16_2, lb_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum))
+    if (f->kind == LB_IDX3 ? p16_accum(s, vb_dec16_3, tbq_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum)
+                           : p16_accum(s, vb_dec16_2, tbq_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum))
         return -1;
     for (int i = 0; i < nq; i++)
         for (int g = 0; g < 4; g++)

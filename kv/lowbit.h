@@ -79,10 +79,10 @@ size_t lb_kv_bytes(const KVStream *s);
 
 /* The integer scores lb_kv_score gives at kernels_level() >= 3, in plain C
  * with the same rounding: 0, or -1 when the stream or the queries do not
- * take that path (it needs d = 128 in one block, no renorm: tbq2/3/4 and
- * lm3; 4-bit codes, or 3 and 2 bits when the kernels run at avx512vnni on
- * a CPU with VBMI, kernels_has_vbmi(); finite queries). Tests hold the
- * VNNI kernel to it bit for bit. */
+ * take that path (it needs tbq's blocks: d = 128 in one block, an fp16
+ * scale, no renorm; 4-bit codes, or 3 and 2 bits when the kernels run at
+ * avx512vnni on a CPU with VBMI, kernels_has_vbmi(); finite queries).
+ * Tests hold the VNNI kernel to it bit for bit. */
 int lb_score_i8_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
 
 #endif

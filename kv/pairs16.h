@@ -1,7 +1,7 @@
 /* pairs16.h: the accumulate half of attention (acc_i += Σ_t p_i,t v_t) as
  * 16-bit integer dot products over pairs of positions, for the schemes
  * whose cached values are small integers times a float scale, stored a
- * position per row (tbq's and lm3's codebooks rounded to 10 bits), on CPUs with
+ * position per row (tbq's codebooks rounded to 10 bits), on CPUs with
  * AVX-512 VNNI. q8, whose tiles hold pairs already interleaved, has its own
  * loop (kv/q8.c) and shares the weights' rounding, p16_round.
  *
