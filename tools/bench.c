@@ -844,9 +844,12 @@ int main(int argc, char **argv) {
     printf("\n## Decode at long context: cache filled to CTX positions, then 1 + N single-token steps (best of %d\n"
            "passes, each scheme's taken in turn with the others')\n\n"
            "KV GB/token = the scheme's bytes per vector x mean positions x %d layers x %d kv heads x 2; "
-           "roofline adds %.3f GB of weights%s\n\n"
-           "| ctx | kv | threads | tok/s | vs f16 | KV GB/token | roofline | fill s |\n|---:|---|---:|---:|---:|---:|---:|---:|\n",
+           "roofline adds %.3f GB of weights%s\n",
            LONG_REPS, c->n_layers - c->n_gdn, c->n_kv_heads, wbytes / 1e9, state_txt);
+    /* the header again after a depth table */
+    const char *long_head = "\n| ctx | kv | threads | tok/s | vs f16 | KV GB/token | roofline | fill s |\n"
+                            "|---:|---|---:|---:|---:|---:|---:|---:|\n";
+    int head_due = 1;
     for (int ci = 0; ci < nc; ci++) {
         const int ctx = ctxs[ci], steps = ctx <= 8192 ? 32 : 16;
         int deep = 0;
@@ -885,6 +888,8 @@ int main(int argc, char **argv) {
         int f16 = -1;
         for (int k = 0; k < ns; k++)
             if (strcmp(names[k], "f16") == 0) f16 = k;
+        if (head_due) printf("%s", long_head);
+        head_due = deep;
         for (int k = 0; k < ns; k++) {
             const double kvb = kv_bytes_per_position(m, &sps[k]) * (ctx + 1 + (steps + 1) / 2.0);
             for (int i = 0; i < nt; i++) {
