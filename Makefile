@@ -163,11 +163,12 @@ bench/qwen3-0.6b bench/qwen3-0.6b-mtp bench/qwen3.5-0.8b: | $(BUILD)/make_model
 		--out $@.tmp
 	mv $@.tmp $@
 
-# Speed is measured here, never asserted in a test. About 35 min on 2
-# cores, plus ~25 s to make the three models the first time; other load on
-# the cores stretches it. Qwen3-0.6B's shape first, every compressed scheme
-# and f16 at 4K, 16K and 32K cached positions (14 GB of caches at 32K) and a
-# prefill after 16K; the hybrid (Qwen3.5-0.8B's shape) runs last, on 2
+# Speed is measured here, never asserted in a test. Long: Qwen3-0.6B's
+# shape first, every compressed scheme and f16 at 4K, 16K and 32K cached
+# positions (14 GB of caches at 32K) and a prefill after 16K, which at 2
+# threads alone took 12.5 min on 2 cores (docs/speed.md), here at 1 thread
+# too; ~25 s to make the three models the first time; other load on the
+# cores stretches it. The hybrid (Qwen3.5-0.8B's shape) runs last, on 2
 # threads: prefill beside Qwen3-0.6B's per FLOP, decode at short context
 # and at 4K, and the delta rule alone (about 4 min).
 BENCH_KV = f16,q8,q4,q4h,tbq4,tbq3,tbq2,polar4,lm3,kivi2,kivi4
