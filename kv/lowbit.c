@@ -483,17 +483,17 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
 #define LB_AHEAD 32
 #define LB_FAR P16_FAR /* pairs16.h's far distance (512 positions), tuned with it */
 
-AVX512_INLINE void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
-    const char *p = (const char *)data + (size_t)t * (size_t)vb;
-    for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-    for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + (size_t)LB_FAR * vb + b, _MM_HINT_T1);
-}
-
 /* The near half alone: what the 3- and 2-bit integer scores take, whose
  * far prefetches cost more than they saved (docs/kernel-notes.md#tbq-vbmi). */
 AVX512_INLINE void lb_prefetch_near(const uint8_t *data, int vb, int t, int n) {
     const char *p = (const char *)data + (size_t)t * (size_t)vb;
     for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
+AVX512_INLINE void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
+    const char *p = (const char *)data + (size_t)t * (size_t)vb;
+    lb_prefetch_near(data, vb, t, n);
+    for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + (size_t)LB_FAR * vb + b, _MM_HINT_T1);
 }
 
 /* Lane l of a decoded 16-group holds value perm16[l] of the group, and
@@ -779,6 +779,22 @@ VNNI_INLINE void q8_prep(const float *q, float s, float cb8_s, LbQ8 *o) {
     q8_finish(o, s, cb8_s, _mm512_reduce_add_epi32(sum));
 }
 
+/* Four positions' integer sums acc[r][i] (positions past R zero) to
+ * scores: one hsum tree per head, one conversion, then the scaling as
+ * 4-lane vectors (the float operations of lb_score_i8_ref, in its order);
+ * out[i·ldo + r] for r < R. */
+VNNI_INLINE void score4_finish(const int NQ, __m512i (*acc)[4], const float *sc, int R, const LbQ8 *o, float *out,
+                               int ldo) {
+    const __m128 sv = _mm_loadu_ps(sc);
+    const __mmask8 keep = (__mmask8)((1u << R) - 1);
+    for (int i = 0; i < NQ; i++) {
+        const __m128 dot = _mm_cvtepi32_ps(hsum4_512i(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
+        const __m128 s = _mm_mul_ps(_mm_mul_ps(_mm_sub_ps(dot, _mm_set1_ps((float)o[i].bias)), sv),
+                                    _mm_set1_ps(o[i].inv));
+        _mm_mask_storeu_ps(out + (size_t)i * ldo, keep, s);
+    }
+}
+
 /* Scores of positions [t0, t1) for NQ <= 4 prepared queries, four
  * positions at a time: their integer lane sums share one hsum tree per
  * head, then one conversion and the scaling as 4-lane vectors (the same
@@ -807,14 +823,7 @@ VNNI_INLINE void score_i8_body(const LbFmt *f, const int NQ, const uint8_t *data
                 acc[r][i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qe[i]), hi, qo[i]);
             sc[r] = header_avx2(blk, f->hdr);
         }
-        const __m128 sv = _mm_loadu_ps(sc);
-        const __mmask8 keep = (__mmask8)((1u << R) - 1);
-        for (int i = 0; i < NQ; i++) {
-            const __m128 dot = _mm_cvtepi32_ps(hsum4_512i(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
-            const __m128 s = _mm_mul_ps(_mm_mul_ps(_mm_sub_ps(dot, _mm_set1_ps((float)o[i].bias)), sv),
-                                        _mm_set1_ps(o[i].inv));
-            _mm_mask_storeu_ps(out + (size_t)i * ldo + (t - t0), keep, s);
-        }
+        score4_finish(NQ, acc, sc, R, o, out + (t - t0), ldo);
     }
 }
 
@@ -1000,14 +1009,7 @@ VBMI_INLINE void score_vb_body(const LbFmt *f, const int B, const int NQ, const 
                 acc[r][i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, q0[i]), hi, q1[i]);
             sc[r] = header_avx2(blk, f->hdr);
         }
-        const __m128 sv = _mm_loadu_ps(sc);
-        const __mmask8 keep = (__mmask8)((1u << R) - 1);
-        for (int i = 0; i < NQ; i++) {
-            const __m128 dot = _mm_cvtepi32_ps(hsum4_512i(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
-            const __m128 s = _mm_mul_ps(_mm_mul_ps(_mm_sub_ps(dot, _mm_set1_ps((float)o[i].bias)), sv),
-                                        _mm_set1_ps(o[i].inv));
-            _mm_mask_storeu_ps(out + (size_t)i * ldo + (t - t0), keep, s);
-        }
+        score4_finish(NQ, acc, sc, R, o, out + (t - t0), ldo);
     }
 }
 
