@@ -23,9 +23,33 @@ HDRS     := $(wildcard */*.h)
 
 BUILD   ?= build
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# The CUDA path (the .cu files; docs/cuda.md), compiled in
+# whenever nvcc is found: CUDA=0 builds without it. The runtime is linked
+# statically, so the binary also starts on machines with no GPU or driver
+# (and runs on the CPU there). SASS for each of CUDA_ARCHS, plus PTX of the
+# newest for the driver to compile on later GPUs.
+CUDA_HOME  ?= /usr/local/cuda
+NVCC       ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+CUDA       ?= $(if $(NVCC),1,0)
+CUDA_ARCHS ?= 80 86 89 90 120 121
+ifeq ($(CUDA),1)
+CU_SRC   := $(sort $(wildcard kernels/*.cu attn/*.cu))
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+LIB_OBJ  += $(CU_OBJ)
+CFLAGS   += -DUSE_CUDA
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
+NVFLAGS  ?= -O3 -std=c++17 -lineinfo --threads 0 -Xcompiler -Wall,-Wextra --Werror all-warnings
+NVGENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+	-gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+$(BUILD)/%.cu.o: %.cu $(HDRS) kernels/cuda_common.cuh
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $(NVGENCODE) -I. -DUSE_CUDA \
+		-DCUDA_ARCH_LIST='"$(foreach a,$(CUDA_ARCHS),sm_$(a))"' -c $< -o $@
+endif
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all run test test-asan test-plain aarch64 test-aarch64 bench clean figures FORCE
+.PHONY: all run test test-asan test-plain aarch64 test-aarch64 bench bench-cuda gpu-build clean figures FORCE
 # ./run is a copy of $(BUILD)/run, so that "make run" can be the command that runs it.
 all: $(BUILD)/run models/qwen3-kjv-mtp.bin
 	@cp $(BUILD)/run run.tmp && mv -f run.tmp run
@@ -71,7 +95,7 @@ test: $(BUILD)/run $(BUILD)/test_all $(BUILD)/make_model $(BUILD)/bench $(BUILD)
 	OMP_WAIT_POLICY=passive RUN_BIN=$(BUILD)/run TOOLS_DIR=$(BUILD) $(BUILD)/test_all $(TEST_ARGS)
 
 test-asan:
-	$(MAKE) test BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+	$(MAKE) test BUILD=build-asan CUDA=0 OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 		LDLIBS="-lm -fopenmp -fsanitize=address,undefined"
 
 # The same test sources without Criterion: tests/runner/ is a small runner
@@ -124,7 +148,7 @@ AARCH64_EMU      = timeout -s KILL $(AARCH64_TIMEOUT) env QEMU_LD_PREFIX=$(AARCH
 # The tests without loop vectorization: Debian 12's aarch64 gcc 12.2 stops
 # with an internal compiler error (vect_transform_reduction) on their fmax
 # reductions of differences (tests/test_kernels.c, test_deltanet.c).
-AARCH64_MAKE     = $(MAKE) BUILD=$(AARCH64_BUILD) CC=$(AARCH64_CC) PLAIN_TESTS="$(AARCH64_TESTS)" \
+AARCH64_MAKE     = $(MAKE) BUILD=$(AARCH64_BUILD) CUDA=0 CC=$(AARCH64_CC) PLAIN_TESTS="$(AARCH64_TESTS)" \
 	PLAIN_CFLAGS=-fno-tree-loop-vectorize
 
 aarch64:
@@ -149,6 +173,21 @@ $(BUILD)/bench_attn: $(BUILD)/tools/bench_attn.o $(BUILD)/librun.a
 
 $(BUILD)/bench: $(BUILD)/tools/bench.o $(BUILD)/librun.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bench_cuda: $(BUILD)/tools/bench_cuda.o $(BUILD)/librun.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# The CUDA path's speed (tools/bench_cuda.c; needs a GPU, about a minute).
+bench-cuda: $(BUILD)/bench_cuda
+	$(BUILD)/bench_cuda
+
+# What tools/gpu-check.sh runs on a GPU machine, built here into
+# GPU_BUILD: ./run, the CUDA tests on the plain runner (no Criterion
+# needed there) and the benchmark.
+GPU_BUILD ?= build-gpu
+gpu-build:
+	$(MAKE) BUILD=$(GPU_BUILD) PLAIN_TESTS=tests/test_cuda.c $(GPU_BUILD)/run $(GPU_BUILD)/test_plain \
+		$(GPU_BUILD)/bench_cuda
 
 $(BUILD)/make_model: $(BUILD)/tools/make_model.o
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)

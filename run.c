@@ -29,6 +29,8 @@
 #include "eval/compare.h"
 #include "format/file.h"
 #include "format/quote.h"
+#include "kernels/cuda.h"
+#include "model/gpu.h"
 #include "model/model.h"
 #include "sample/sampler.h"
 #include "speculative/speculative.h"
@@ -52,7 +54,7 @@
 /* ------------------------------------------------------------- options */
 
 typedef struct {
-    const char *model, *prompt, *prompt_file, *mode, *system, *kv, *ctk, *ctv, *out;
+    const char *model, *prompt, *prompt_file, *mode, *system, *kv, *ctk, *ctv, *out, *dev;
     int n, top_k, ctx, threads, think, spec; /* n: -1 = no limit; spec: -1 = default */
     int wq_q8, draft_q8;  /* -wq, -wq-draft: 1 = q8 */
     int act_bf16;         /* -act: 1 = bf16 */
@@ -106,6 +108,7 @@ static const Option options[] = {
     {{"-wq"}, OPT_CHOICE, AT(wq_q8), 0, 0, 0, "stored or q8"},
     {{"-wq-draft"}, OPT_CHOICE, AT(draft_q8), 0, 0, 0, "stored or q8"},
     {{"-act"}, OPT_CHOICE, AT(act_bf16), 0, 0, 0, "f32 or bf16"},
+    {{"-dev", "--device"}, OPT_STR, AT(dev), 0, 0, 0, "cpu, cuda or auto"},
     {{"--show-pieces"}, OPT_BOOL, AT(show_pieces), 0, 0, 0, NULL},
 };
 
@@ -149,10 +152,14 @@ static void usage(FILE *f) {
             "                   vdpbf16ps, like llama.cpp's bf16 path: prefill about 2x on AMD Zen 4,\n"
             "                   logits move by about 0.5%%; a bf16 model read into memory needed)\n"
             "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the same\n"
+            "  -dev DEVICE      cpu | cuda (the whole forward and the cache on GPU 0; -kv f32 or f16,\n"
+            "                   generate, chat, ppl, logits) | auto (default: cuda when this binary has\n"
+            "                   it, a GPU is there and the run is one it takes, else cpu) (--device)\n"
             "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the\n"
             "                   single file                                                (--output)\n"
             "  --show-pieces    tokenize: one token per line, id and text\n"
-            "  -h, --help       this help;  --version  the version and the kernels this CPU runs\n"
+            "  -h, --help       this help;  --version  the version, the kernels this CPU runs and the\n"
+            "                   CUDA architectures compiled in\n"
             "KV schemes (bits per value at head_dim 128):\n");
     KVOpts o = {0, 0};
     for (int i = 0; i < kv_n_schemes; i++)
@@ -241,6 +248,8 @@ static int check_args(Args *a) {
         return usage_error("-kv %s: a comma separates schemes to compare (-m compare); one cache takes one scheme, "
                            "or a K/V pair written K/V", a->kv);
     if (compare && (a->ctk || a->ctv)) return usage_error("-m compare: give its schemes with -kv a,b,...");
+    if (a->dev && strcmp(a->dev, "cpu") && strcmp(a->dev, "cuda") && strcmp(a->dev, "auto"))
+        return usage_error("-dev: expected cpu, cuda or auto, found '%s'", a->dev);
     return 0;
 }
 
@@ -258,8 +267,9 @@ static int parse_args(int argc, char **argv, Args *a) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); return 1; }
         if (!strcmp(f, "--version")) {
-            printf("run %s: CPU kernels %s (%s); CUDA not compiled in\n", RUN_VERSION, kernels_isa(),
-                   kernels_built());
+            printf("run %s: CPU kernels %s (%s); ", RUN_VERSION, kernels_isa(), kernels_built());
+            if (cuda_built()) printf("CUDA for %s, %d device(s) here\n", cuda_built(), cuda_device_count());
+            else printf("CUDA not compiled in\n");
             return 1;
         }
         /* a word that is not an option is the model, wherever it comes */
@@ -405,6 +415,13 @@ typedef struct {
     Stats st;
 } Run;
 
+/* The bytes the model's tensors take (on the CPU). */
+static size_t model_bytes(const Model *m) {
+    size_t b = 0;
+    for (int i = 0; i < m->ts.n_tensors; i++) b += m->ts.tensors[i].nbytes;
+    return b;
+}
+
 /* The bytes an amount of memory takes, for people: "1.2 MB". */
 static void human_bytes(double b, char *out, size_t n) {
     const char *u[] = {"B", "KB", "MB", "GB", "TB"};
@@ -418,7 +435,7 @@ static void print_stats(const Run *r, const KVCache *kv) {
     const Stats *s = &r->st;
     double ptps = s->prefill_s > 0 ? s->prefill_tokens / s->prefill_s : 0;
     double dtps = s->decode_s > 0 ? s->decode_tokens / s->decode_s : 0;
-    size_t kvb = kv && kv->k ? kv_cache_bytes(kv) : 0, stb = kv ? kv_cache_state_bytes(kv) : 0;
+    size_t kvb = kv && (kv->k || kv->dev) ? kv_cache_bytes(kv) : 0, stb = kv ? kv_cache_state_bytes(kv) : 0;
     char hb[32], hs[32], name[128];
     human_bytes((double)kvb, hb, sizeof hb);
     human_bytes((double)stb, hs, sizeof hs);
@@ -432,7 +449,11 @@ static void print_stats(const Run *r, const KVCache *kv) {
             s->prefill_tokens, ptps, s->decode_tokens, dtps, kvb);
     if (stb) fprintf(stderr, " state_bytes=%zu", stb);
     if (s->has_spec) fprintf(stderr, " spec_accept=%.4f spec_tokens_per_step=%.3f", s->spec_accept, s->spec_per_step);
-    fprintf(stderr, "\n");
+    /* where it ran: the device, its memory, and what the weights take there */
+    const GpuModel *g = r->m.gpu;
+    const double mem = g ? (double)gpu_model_mem(g) : (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    fprintf(stderr, " device=%s device_mem_bytes=%.0f model_bytes=%zu\n", g ? "cuda" : "cpu", mem,
+            g ? gpu_model_bytes(g) : model_bytes(&r->m));
 }
 
 /* ---------------------------------------------------------- generation */
@@ -841,7 +862,9 @@ static int spec_open(Run *r, Gen *g, KVCache *mkv, Spec *sp) {
     }
     if (n_draft == 0) return 0;
     g->hidden = malloc((size_t)PREFILL_SLICE * m->cfg.hidden * sizeof(float));
-    if (!g->hidden || (r->a.draft_q8 && model_quantize(m, MODEL_DRAFT, err, sizeof err)) ||
+    /* the GPU keeps the drafter's weights as stored (no q8 kernel there yet) */
+    const int q8 = r->a.draft_q8 && !m->gpu;
+    if (!g->hidden || (q8 && model_quantize(m, MODEL_DRAFT, err, sizeof err)) ||
         model_kv_init(m, mkv, &r->spec, r->ctx, 1, err, sizeof err) ||
         spec_init(sp, m, g->kv, mkv, g->smp, n_draft, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", g->hidden ? err : "out of memory");
@@ -849,7 +872,7 @@ static int spec_open(Run *r, Gen *g, KVCache *mkv, Spec *sp) {
     }
     g->spec = sp;
     fprintf(stderr, "speculative decoding: %d MTP drafts per step, drafter weights %s\n", n_draft,
-            r->a.draft_q8 ? "q8" : r->a.wq_q8 ? "as stored, output matrix q8 (-wq)" : "as stored");
+            q8 ? "q8" : r->a.wq_q8 ? "as stored, output matrix q8 (-wq)" : "as stored");
     return 0;
 }
 
@@ -1018,7 +1041,7 @@ static int run_generate(Run *r, KVCache *kv) {
         spec_free(g.spec);
     }
     if (rc != 1 && (r->st.prefill_tokens || r->st.decode_tokens)) print_stats(r, kv);
-    if (mkv.k) kv_cache_free(&mkv);
+    if (mkv.k || mkv.dev) kv_cache_free(&mkv);
     free(g.hidden);
     sampler_free(&smp);
     free(g.logits);
@@ -1123,6 +1146,25 @@ static int parse_schemes(Run *r, char *err, size_t errlen) {
 
 /* config.json, the vocabulary check, the weights (-wq, -act) and
  * generation_config.json. */
+/* -dev: 1 when the forward goes to the GPU, else 0; -1 with err when
+ * -dev cuda asks for what cannot run there (auto takes the CPU then). */
+static int choose_device(const Run *r, char *err, size_t errlen) {
+    const char *dev = r->a.dev ? r->a.dev : "auto", *mode = r->a.mode;
+    if (!strcmp(dev, "cpu")) return 0;
+    char why[600] = "";
+    CudaInfo info;
+    if (!cuda_built() || !cuda_device_count()) cuda_open(&info, why, sizeof why);
+    else if (strcmp(mode, "generate") && strcmp(mode, "chat") && strcmp(mode, "ppl") && strcmp(mode, "logits"))
+        snprintf(why, sizeof why, "-dev cuda: -m %s runs on the CPU only (so far)", mode);
+    else if (r->a.wq_q8) snprintf(why, sizeof why, "-dev cuda: -wq q8 has no CUDA kernel yet (use -wq stored)");
+    else if (r->a.act_bf16) snprintf(why, sizeof why, "-dev cuda: -act bf16 is the CPU's AVX-512 BF16 mode");
+    else gpu_supports(&r->cfg, &r->spec, why, sizeof why);
+    if (!why[0]) return 1;
+    if (strcmp(dev, "cuda")) return 0;
+    snprintf(err, errlen, "%s", why);
+    return -1;
+}
+
 static int open_model(Run *r) {
     char err[1024];
     /* the vocabulary check comes first: a mismatched tokenizer would also
@@ -1135,12 +1177,22 @@ static int open_model(Run *r) {
     }
     /* weights read into memory (faster decode) unless RUN_MMAP=1, or -wq q8
      * converts them anyway (a copy would only leave the originals resident) */
+    const int gpu = choose_device(r, err, sizeof err);
+    if (gpu < 0) goto fail;
+    /* the GPU takes the weights as stored, straight from the mapping */
     const char *keep = getenv("RUN_MMAP");
-    const int mapped = r->a.wq_q8 || (keep && strcmp(keep, "1") == 0);
+    const int mapped = gpu || r->a.wq_q8 || (keep && strcmp(keep, "1") == 0);
     if (model_load_source(&r->m, &r->src, (mapped ? MODEL_MAPPED : 0) | (r->a.act_bf16 ? MODEL_ACT_BF16 : 0), err,
                           sizeof err))
         goto fail;
     r->have_model = 1;
+    if (gpu) {
+        double t0 = now();
+        if (model_to_gpu(&r->m, err, sizeof err)) goto fail;
+        char hb[32];
+        human_bytes((double)gpu_model_bytes(r->m.gpu), hb, sizeof hb);
+        fprintf(stderr, "device: %s, weights %s uploaded in %.2f s\n", gpu_model_device(r->m.gpu), hb, now() - t0);
+    }
     if (r->a.wq_q8) {
         double t0 = now();
         if (model_quantize(&r->m, MODEL_MAIN, err, sizeof err)) goto fail;
@@ -1195,7 +1247,7 @@ static int open_cache(Run *r, KVCache *kv) {
                            c->head_dim / 8;
     const double need = per_pos * r->ctx + (double)r->m.state_floats * sizeof(float);
     const double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-    if (have > 0 && need > have) {
+    if (have > 0 && need > have && !r->m.gpu) {
         char hn[32], hh[32];
         human_bytes(need, hn, sizeof hn);
         human_bytes(have, hh, sizeof hh);
@@ -1216,7 +1268,8 @@ static void print_model_line(const Run *r) {
     kv_spec_name(&r->spec, kvname, sizeof kvname);
     fprintf(stderr, "model %s: %d layers, hidden %d, heads %d/%d x %d, vocab %d%s; kv %s, context %d, %d threads, %s\n",
             r->src.path, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size,
-            r->m.has_mtp ? ", MTP head" : "", kvname, r->ctx, omp_get_max_threads(), kernels_isa());
+            r->m.has_mtp ? ", MTP head" : "", kvname, r->ctx, omp_get_max_threads(),
+            r->m.gpu ? "CUDA" : kernels_isa());
     if (r->a.act_bf16) fprintf(stderr, "matmul inputs: bf16 (vdpbf16ps)\n");
 }
 

@@ -259,6 +259,7 @@ int kv_cache_init(KVCache *c, const KVSpec *spec, int n_layers, int n_kv, int d,
 }
 
 void kv_cache_free(KVCache *c) {
+    if (c->dev) c->dev_free(c->dev);
     size_t ns = (size_t)c->n_layers * (size_t)c->n_kv;
     for (size_t i = 0; i < ns; i++) {
         if (c->k) kv_stream_free(&c->k[i]);
@@ -271,9 +272,15 @@ void kv_cache_free(KVCache *c) {
 }
 
 /* Every stream holds the same positions: the first one speaks for all. */
-int kv_cache_len(const KVCache *c) { return c->k ? c->k[0].len : 0; }
+int kv_cache_len(const KVCache *c) { return c->dev ? c->dev_len : c->k ? c->k[0].len : 0; }
 
 int kv_cache_truncate(KVCache *c, int n) {
+    if (c->dev) {
+        /* f32 and f16 rows past n are simply written again */
+        if (n < 0 || n > c->dev_len || (n != 0 && n < c->dev_len - KV_MAX_ROLLBACK)) return -1;
+        c->dev_len = n;
+        return 0;
+    }
     size_t ns = (size_t)c->n_layers * (size_t)c->n_kv;
     if (ns == 0 || n < 0 || n > c->k[0].len || (n != 0 && n < c->k[0].len - KV_MAX_ROLLBACK)) return -1;
     for (size_t i = 0; i < ns; i++) {
@@ -287,6 +294,7 @@ int kv_cache_truncate(KVCache *c, int n) {
 size_t kv_cache_state_bytes(const KVCache *c) { return c->state_floats * sizeof(float); }
 
 size_t kv_cache_bytes(const KVCache *c) {
+    if (c->dev) return c->dev_bytes;
     size_t ns = (size_t)c->n_layers * (size_t)c->n_kv, b = 0;
     for (size_t i = 0; i < ns; i++) b += c->k[i].scheme->bytes(&c->k[i]) + c->v[i].scheme->bytes(&c->v[i]);
     return b;

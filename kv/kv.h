@@ -133,6 +133,13 @@ typedef struct {
      * (speculative decoding) restores it. NULL for attention-only models. */
     float *state;
     size_t state_floats;
+    /* A cache in GPU memory (model/gpu.c, -dev cuda) has no streams here
+     * (k, v NULL): dev is the device side, dev_len its positions,
+     * dev_bytes its size, dev_free what releases it. */
+    void *dev;
+    int dev_len;
+    size_t dev_bytes;
+    void (*dev_free)(void *dev);
 } KVCache;
 
 /* The registry, in the order tables list them. */

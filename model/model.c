@@ -14,6 +14,7 @@
  * NeoX RoPE, GQA, SwiGLU MLP, final RMSNorm, tied or untied lm_head.
  */
 #include "model/model.h"
+#include "model/gpu.h"
 #include "attn/attn.h"
 #include "format/quote.h"
 #include "kernels/deltanet.h"
@@ -547,7 +548,10 @@ int model_quantize(Model *m, int part, char *err, size_t errlen) {
     return 0;
 }
 
+int model_to_gpu(Model *m, char *err, size_t errlen) { return gpu_model_open(&m->gpu, m, err, errlen); }
+
 void model_free(Model *m) {
+    gpu_model_free(m->gpu);
     if (m->mtp_head.data != m->lm_head.data) weight_free(&m->mtp_head);
     weight_free(&m->lm_head);
     weight_free(&m->mtp_fc);
@@ -568,6 +572,7 @@ void model_free(Model *m) {
 
 int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen) {
     const Config *c = &m->cfg;
+    if (m->gpu) return gpu_kv_init(m->gpu, kv, spec, ctx, mtp, err, errlen);
     if (kv_cache_init(kv, spec, mtp ? 1 : c->n_layers - c->n_gdn, c->n_kv_heads, c->head_dim, ctx, err, errlen))
         return -1;
     if (mtp || !m->state_floats) return 0;
@@ -938,6 +943,17 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
                  m->journal_cap < m->s.cap ? m->journal_cap : m->s.cap);
         return -1;
     }
+    if (m->gpu) {
+        if (gpu_forward(m->gpu, kv, tokens, n, logits, all_logits, hidden, err, errlen)) return -1;
+        int bad = hidden ? bad_row(hidden, n, c->hidden) : -1;
+        if (bad < 0 && logits && all_logits) bad = bad_row(logits, n, c->vocab_size);
+        else if (bad < 0 && logits && bad_row(logits, 1, c->vocab_size) == 0) bad = n - 1;
+        if (bad >= 0) {
+            nonfinite_error(m, "model", pos + bad, err, errlen);
+            return -1;
+        }
+        return 0;
+    }
     for (int off = 0; off < n; off += m->s.cap) {
         int nb = n - off < m->s.cap ? n - off : m->s.cap, last = off + nb == n;
         float *lg = logits && (all_logits || last) ? logits + (all_logits ? (size_t)off * c->vocab_size : 0) : NULL;
@@ -968,6 +984,17 @@ int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *to
             snprintf(err, errlen, "MTP token id %d: expected 0..%d", tokens[i], V - 1);
             return -1;
         }
+    if (m->gpu) {
+        if (gpu_mtp_forward(m->gpu, mkv, hidden, tokens, n, logits, all_logits, hm, err, errlen)) return -1;
+        int bad = hm ? bad_row(hm, n, H) : -1;
+        if (bad < 0 && logits && all_logits) bad = bad_row(logits, n, V);
+        else if (bad < 0 && logits && bad_row(logits, 1, V) == 0) bad = n - 1;
+        if (bad >= 0) {
+            nonfinite_error(m, "MTP head", pos + bad, err, errlen);
+            return -1;
+        }
+        return 0;
+    }
     for (int off = 0; off < n; off += s->cap) {
         int nb = n - off < s->cap ? n - off : s->cap;
         /* concat(norm(embedding of the next token), norm(hidden)): embedding half first */

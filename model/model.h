@@ -61,7 +61,9 @@ typedef struct {
     int threads;
 } Scratch;
 
-typedef struct {
+typedef struct GpuModel GpuModel;
+
+typedef struct Model {
     Config cfg;
     TensorStore ts;
     char prefix[32];       /* of the decoder's tensors: "model." or Qwen3.5's "model.language_model." */
@@ -90,6 +92,8 @@ typedef struct {
      * model_journal_floats(m, journal_cap) floats here. */
     float *journal;
     int journal_cap;
+    /* Set by model_to_gpu: the forward runs there (model/gpu.h). */
+    GpuModel *gpu;
 } Model;
 
 /* Loads the model at path (a folder, a .safetensors file in one, or a
@@ -115,6 +119,12 @@ int model_load_source(Model *m, const ModelSource *src, int flags, char *err, si
 enum { MODEL_MAIN, MODEL_DRAFT };
 int model_quantize(Model *m, int part, char *err, size_t errlen);
 void model_free(Model *m);
+/* Moves the forward to the CUDA GPU (model/gpu.h): uploads the weights
+ * once, after which model_forward, model_mtp_forward and model_kv_init
+ * run there. The model must be loaded with MODEL_MAPPED (weights in their
+ * stored layout). 0 ok, -1 with one line in err (no device, a model or a
+ * build it cannot run on, or out of GPU memory). */
+int model_to_gpu(Model *m, char *err, size_t errlen);
 
 /* Opens a KV cache shaped for this model: its full-attention layers (1 for
  * MTP), and for a hybrid model the Gated DeltaNet state beside them. */

@@ -1,0 +1,125 @@
+/* cuda.h: the CUDA device, its memory, and the launchers of the GPU twins
+ * of the CPU kernels (the .cu files in kernels/ and attn/), callable from C.
+ *
+ * Data flow: model/gpu.c opens the device, uploads the weights once and
+ * runs the forward by calling these launchers on one stream; each mirrors
+ * a C function that tests hold it to (named beside it). All launchers are
+ * asynchronous: a launch error is recorded with the op's name, and
+ * cuda_sync reports it, or an error the device raised while running, in
+ * one line. Pointers named d_* are device memory.
+ *
+ * Built only where nvcc is (make CUDA=1, the default then); cuda_built()
+ * and cuda_device_count() exist in every build so that callers need no
+ * #ifdef: without CUDA they say so and count no device.
+ */
+#ifndef CUDA_H
+#define CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What --version prints: "sm_80 sm_86 ..." of this build, or NULL when
+ * the binary was built without CUDA. */
+const char *cuda_built(void);
+/* Usable CUDA devices: 0 on any error (no driver, no device, a build
+ * without CUDA), never a failure. */
+int cuda_device_count(void);
+
+typedef struct {
+    char name[256];
+    int sm_count, cc_major, cc_minor;
+    size_t mem_total, mem_free; /* bytes, when opened */
+} CudaInfo;
+
+/* Opens device 0 and the stream every launcher runs on. 0 ok, -1 with one
+ * line in err (no device, no driver, or a build without CUDA). */
+int cuda_open(CudaInfo *info, char *err, size_t errlen);
+/* Device memory of bytes for what (named in the error line with the bytes
+ * free), NULL with err on failure. */
+void *cuda_alloc(size_t bytes, const char *what, char *err, size_t errlen);
+void cuda_free(void *d);
+/* Host <-> device copies on the stream (synchronous for pageable memory).
+ * 0 ok, -1 with err naming what. */
+int cuda_upload(void *d_dst, const void *src, size_t bytes, const char *what, char *err, size_t errlen);
+int cuda_download(void *dst, const void *d_src, size_t bytes, const char *what, char *err, size_t errlen);
+int cuda_memset(void *d, int v, size_t bytes);
+/* Waits for the stream; 0, or -1 with one line naming the op (the first
+ * launch that failed, else where) and the CUDA error string. */
+int cuda_sync(const char *where, char *err, size_t errlen);
+/* Free and total device memory now. */
+void cuda_mem(size_t *free_b, size_t *total_b);
+/* The device's copy bandwidth in GB/s (bytes read plus bytes written, the
+ * best of a few device-to-device copies of bytes), 0 on failure: the
+ * roofline benchmarks compare against. */
+double cuda_copy_gbps(size_t bytes);
+/* Seconds between two points of the stream's work: cuda_timer_start, then
+ * cuda_timer_stop waits for the stream and returns the time between. */
+void cuda_timer_start(void);
+double cuda_timer_stop(void);
+
+/* CUDA graphs of the stream's work: cuda_graph_begin starts capturing,
+ * cuda_graph_end instantiates what was captured into *graph (0 ok), and
+ * cuda_graph_launch replays it. The captured kernels read positions and
+ * token ids from device memory, so one graph serves every step. */
+int cuda_graph_begin(char *err, size_t errlen);
+int cuda_graph_end(void **graph, char *err, size_t errlen);
+int cuda_graph_launch(void *graph, char *err, size_t errlen);
+void cuda_graph_free(void *graph);
+
+/* Weight element types on the device, as kernels/matmul.h's DType. */
+enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 };
+
+/* ---- kernels/ops.cu: twins of kernels/ops.c ---- */
+/* x[i] = row tokens[i] of E [V, H] widened to f32, i < n (weight_row). */
+void cuda_embed(float *d_x, const void *d_E, int dtype, const int *d_tokens, int n, int H);
+/* y[i] = rmsnorm(x[i], w) for n rows of H, rows ldy and ldx floats apart
+ * (rmsnorm; y may alias x). */
+void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, const float *d_w, int n, int H, float eps);
+/* Per token i < n at position pos + i (pos read from d_pos): every query
+ * head of q [n, nh, hd] and key head of k [n, nkv, hd] RMSNormed with
+ * qn / kn [hd] and NeoX-roped over its first rot dims with the tables
+ * cs / sn [positions, rot / 2] (rmsnorm, rope); the keys and v [n, nkv, hd]
+ * then stored at slot pos + i of the caches kc, vc [nkv, cap, hd] (f32,
+ * or f16 rounded to nearest even when f16). */
+void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, const float *d_qn, const float *d_kn,
+                        const float *d_cs, const float *d_sn, void *d_kc, void *d_vc, int f16, const int *d_pos,
+                        int n, int nh, int nkv, int hd, int rot, int cap, float eps);
+/* a[j] = silu(a[j]) * b[j], j < count (swiglu_ref). */
+void cuda_swiglu(float *d_a, const float *d_b, size_t count);
+/* x[j] += y[j], j < count. */
+void cuda_add(float *d_x, const float *d_y, size_t count);
+/* count bf16 values uniform in [-scale, scale] from seed (benchmarks'
+ * random weights), and count f32 ones. */
+void cuda_fill_random(void *d_w, size_t count, unsigned long long seed, float scale);
+void cuda_fill_ones(float *d_x, size_t count);
+/* out[i] = argmax of row i of x [n, V], NaNs skipped, first of equals (argmax_ref). */
+void cuda_argmax(int *d_out, const float *d_x, int n, int V);
+
+/* ---- kernels/matmul.cu: twin of matmul_ref ---- */
+/* y [n, rows] = x [n, cols] W^T, W [rows, cols] of dtype, cols a multiple
+ * of 8. Up to 8 rows of x stream W once (decode, verification); more go
+ * through shared-memory tiles (prefill). f32 sums throughout. */
+void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int rows, int cols, int n);
+
+/* ---- attn/attn.cu: twin of attn_group_ref over f32 and f16 caches ---- */
+/* Causal attention of n tokens at positions pos .. pos + n - 1 (pos from
+ * d_pos) over the caches kc, vc [nkv, cap, hd] of one layer, holding
+ * positions 0 .. pos + n - 1: out [n, nh, hd] from q [n, nh, hd] (query
+ * head h reads kv head h / (nh / nkv)). Split-K flash-decoding: each kv
+ * head's positions are cut into splits, each split's partial softmax goes
+ * to part (cuda_attn_part_floats), and a combine pass merges them. */
+size_t cuda_attn_part_floats(int n, int nh, int hd, int splits);
+/* Splits for n tokens over a cache of cap positions on sm_count SMs. */
+int cuda_attn_splits(int n, int nh, int nkv, int cap, int sm_count);
+void cuda_attention(float *d_out, const float *d_q, const void *d_kc, const void *d_vc, int f16, const int *d_pos,
+                    int n, int nh, int nkv, int hd, int cap, float scale, float *d_part, int splits);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,40 @@
+/* cuda_common.cuh: what the .cu files share: the stream every launcher
+ * runs on, the launch-error note, and weight element loads widened to f32
+ * exactly as the CPU widens them (bf16: the 16 bits shifted up; f16: the
+ * hardware conversion, exact). */
+#ifndef CUDA_COMMON_CUH
+#define CUDA_COMMON_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern cudaStream_t g_stream;
+/* Records the first failed launch with the op's name (kernels/cuda.cu). */
+void cuda_note(const char *op);
+
+__device__ __forceinline__ float bf16_f32(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+__device__ __forceinline__ float f16_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* Element j of a weight row of dtype (CUDA_F32, CUDA_F16, CUDA_BF16). */
+__device__ __forceinline__ float weight_at(const void *W, int dtype, size_t j) {
+    if (dtype == 0) return ((const float *)W)[j];
+    uint16_t u = ((const uint16_t *)W)[j];
+    return dtype == 1 ? f16_f32(u) : bf16_f32(u);
+}
+
+/* Sum over a warp, every lane getting it. */
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+#endif

@@ -1,0 +1,195 @@
+/* ops.cu: the GPU twins of kernels/ops.c's row operations, plus the
+ * embedding lookup and the q/k norm + RoPE + cache store of a layer.
+ *
+ * Data flow (model/gpu.c, per layer): rmsnorm -> matmul q|k|v ->
+ * cuda_qk_rope_store (q in place, k and v into the cache) -> attention ->
+ * matmul o -> add -> rmsnorm -> matmul gate|up -> swiglu -> matmul down ->
+ * add. Each block works on one row (or one head of one token).
+ *
+ * The arithmetic is the C reference's, operation for operation: sums of
+ * squares in double, products and differences rounded one at a time
+ * (__fmul_rn / __fsub_rn, so nvcc cannot contract them into an fma that
+ * the C, compiled without contraction, does not do). What may differ is
+ * the order of the double sum (a last-bit effect after rounding to f32)
+ * and expf (CUDA's and libm's each within 2 ulp).
+ */
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+
+#include "kernels/cuda.h"
+#include "kernels/cuda_common.cuh"
+
+/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024). */
+__device__ double block_sum_d(double v, double *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads(); /* sh may still be read from a previous call */
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += sh[i];
+    return t;
+}
+
+__global__ void embed_kernel(float *x, const void *E, int dtype, const int *tokens, int H) {
+    const size_t row = (size_t)tokens[blockIdx.x] * H;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) x[(size_t)blockIdx.x * H + j] = weight_at(E, dtype, row + j);
+}
+
+extern "C" void cuda_embed(float *d_x, const void *d_E, int dtype, const int *d_tokens, int n, int H) {
+    embed_kernel<<<n, 256, 0, g_stream>>>(d_x, d_E, dtype, d_tokens, H);
+    cuda_note("embedding lookup");
+}
+
+/* One block per row: y = w * (x * inv), inv = 1 / sqrt(mean(x^2) + eps). */
+__global__ void rmsnorm_kernel(float *y, int ldy, const float *x, int ldx, const float *w, int H, float eps) {
+    __shared__ double sh[32];
+    const float *xr = x + (size_t)blockIdx.x * ldx;
+    float *yr = y + (size_t)blockIdx.x * ldy;
+    double ss = 0;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) ss += (double)xr[j] * xr[j];
+    ss = block_sum_d(ss, sh);
+    const float inv = (float)(1.0 / sqrt(ss / H + (double)eps));
+    __syncthreads(); /* every thread has read x before y (which may be x) is written */
+    for (int j = threadIdx.x; j < H; j += blockDim.x) yr[j] = __fmul_rn(w[j], __fmul_rn(xr[j], inv));
+}
+
+extern "C" void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, const float *d_w, int n, int H,
+                             float eps) {
+    rmsnorm_kernel<<<n, 256, 0, g_stream>>>(d_y, ldy, d_x, ldx, d_w, H, eps);
+    cuda_note("rmsnorm");
+}
+
+/* Block (token i, head h) of hd threads, thread t on element t. Heads
+ * h < nh are queries (normed, roped, written back in place); the others
+ * are kv head h - nh: its key normed and roped, then key and value stored
+ * in the caches at slot pos + i. */
+__global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, const float *qn, const float *kn,
+                                     const float *cs, const float *sn, void *kc, void *vc, int f16, const int *d_pos,
+                                     int nh, int nkv, int hd, int rot, int cap, float eps) {
+    __shared__ double sh[32];
+    __shared__ float buf[512];
+    const int i = blockIdx.x, h = blockIdx.y, t = threadIdx.x, half = rot / 2;
+    const int pos = *d_pos + i, is_q = h < nh, kh = h - nh;
+    const float *src = is_q ? q + ((size_t)i * nh + h) * hd : k + ((size_t)i * nkv + kh) * hd;
+    const float x = src[t];
+    const double ss = block_sum_d((double)x * x, sh);
+    const float inv = (float)(1.0 / sqrt(ss / hd + (double)eps));
+    buf[t] = __fmul_rn((is_q ? qn : kn)[t], __fmul_rn(x, inv));
+    __syncthreads();
+    float y = buf[t];
+    if (t < rot) {
+        const int j = t < half ? t : t - half;
+        const float c = cs[(size_t)pos * half + j], s = sn[(size_t)pos * half + j];
+        const float a = buf[j], b = buf[j + half];
+        y = t < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+    if (is_q) {
+        q[((size_t)i * nh + h) * hd + t] = y;
+        return;
+    }
+    const size_t slot = ((size_t)kh * cap + pos) * hd + t;
+    const float vv = v[((size_t)i * nkv + kh) * hd + t];
+    if (f16) {
+        ((__half *)kc)[slot] = __float2half_rn(y);
+        ((__half *)vc)[slot] = __float2half_rn(vv);
+    } else {
+        ((float *)kc)[slot] = y;
+        ((float *)vc)[slot] = vv;
+    }
+}
+
+extern "C" void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, const float *d_qn,
+                                   const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc,
+                                   int f16, const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap,
+                                   float eps) {
+    qk_rope_store_kernel<<<dim3(n, nh + nkv), hd, 0, g_stream>>>(d_q, d_k, d_v, d_qn, d_kn, d_cs, d_sn, d_kc, d_vc,
+                                                                   f16, d_pos, nh, nkv, hd, rot, cap, eps);
+    cuda_note("q/k norm + RoPE + KV store");
+}
+
+__global__ void swiglu_kernel(float *a, const float *b, size_t count) {
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x)
+        a[j] = __fmul_rn(__fdiv_rn(a[j], __fadd_rn(1.0f, expf(-a[j]))), b[j]);
+}
+
+static int grid_for(size_t count) {
+    size_t g = (count + 255) / 256;
+    return g > 4096 ? 4096 : g < 1 ? 1 : (int)g;
+}
+
+extern "C" void cuda_swiglu(float *d_a, const float *d_b, size_t count) {
+    swiglu_kernel<<<grid_for(count), 256, 0, g_stream>>>(d_a, d_b, count);
+    cuda_note("swiglu");
+}
+
+__global__ void add_kernel(float *x, const float *y, size_t count) {
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x)
+        x[j] = __fadd_rn(x[j], y[j]);
+}
+
+extern "C" void cuda_add(float *d_x, const float *d_y, size_t count) {
+    add_kernel<<<grid_for(count), 256, 0, g_stream>>>(d_x, d_y, count);
+    cuda_note("residual add");
+}
+
+/* splitmix64 of (seed, index): bf16 of a uniform value in [-scale, scale]. */
+__global__ void fill_random_kernel(uint16_t *w, size_t count, unsigned long long seed, float scale) {
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x) {
+        unsigned long long z = seed * 0x9E3779B97F4A7C15ull + j + 1;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float u = (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+        w[j] = (uint16_t)(__float_as_uint(u * scale) >> 16);
+    }
+}
+
+extern "C" void cuda_fill_random(void *d_w, size_t count, unsigned long long seed, float scale) {
+    fill_random_kernel<<<grid_for(count), 256, 0, g_stream>>>((uint16_t *)d_w, count, seed, scale);
+    cuda_note("random weights");
+}
+
+__global__ void fill_ones_kernel(float *x, size_t count) {
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x)
+        x[j] = 1.0f;
+}
+
+extern "C" void cuda_fill_ones(float *d_x, size_t count) {
+    fill_ones_kernel<<<grid_for(count), 256, 0, g_stream>>>(d_x, count);
+    cuda_note("fill");
+}
+
+/* One block per row: each thread the first largest of its stride, then a
+ * tree that keeps the larger value, or the lower index of equal ones. */
+__global__ void argmax_kernel(int *out, const float *x, int V) {
+    __shared__ float bv[1024];
+    __shared__ int bi[1024];
+    const float *r = x + (size_t)blockIdx.x * V;
+    float best = -INFINITY;
+    int idx = INT_MAX;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        const float v = r[j];
+        if (!isnan(v) && (idx == INT_MAX || v > best)) best = v, idx = j;
+    }
+    bv[threadIdx.x] = best;
+    bi[threadIdx.x] = idx;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) {
+            const float ov = bv[threadIdx.x + s];
+            const int oi = bi[threadIdx.x + s];
+            if (oi != INT_MAX && (bi[threadIdx.x] == INT_MAX || ov > bv[threadIdx.x] ||
+                                  (ov == bv[threadIdx.x] && oi < bi[threadIdx.x])))
+                bv[threadIdx.x] = ov, bi[threadIdx.x] = oi;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = bi[0] == INT_MAX ? 0 : bi[0];
+}
+
+extern "C" void cuda_argmax(int *d_out, const float *d_x, int n, int V) {
+    argmax_kernel<<<n, 1024, 0, g_stream>>>(d_out, d_x, V);
+    cuda_note("argmax");
+}

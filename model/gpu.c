@@ -1,0 +1,573 @@
+/* gpu.c: the forward pass of model/model.c on a CUDA GPU (model/gpu.h).
+ *
+ * The weights go up once into one arena (each tensor 256-byte aligned) in
+ * their stored dtype; norms as the f32 vectors model_load made of them.
+ * Scratch for GPU_BATCH tokens is allocated at open, so nothing is
+ * allocated per step and a step can be captured as a graph. The order of
+ * operations is model.c's, so that the CPU path is the reference for every
+ * number here.
+ *
+ *   device scratch      shape
+ *   x, xb               [GPU_BATCH, H]      residual stream, normed copy
+ *   q, att              [GPU_BATCH, nh*hd]  queries, attention output
+ *   k, v                [GPU_BATCH, nkv*hd] this step's keys and values
+ *   hb, hb2             [GPU_BATCH, ffn]    MLP gate and up
+ *   logits              [GPU_BATCH, V]
+ *   cat                 [GPU_BATCH, 2H]     MTP input
+ *   part                attention splits (attn/attn.cu)
+ *   tokens, pos         [GPU_BATCH], [1]    what the host sends per step
+ */
+#include "model/gpu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda.h"
+#include "model/model.h"
+
+/* Tokens per forward call on the device: prefill runs in chunks of this. */
+#define GPU_BATCH 512
+/* Forwards of up to this many tokens replay a captured graph. */
+#define GPU_GRAPH_MAX 8
+
+int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen) {
+    if (c->n_gdn) {
+        snprintf(err, errlen, "-dev cuda: the Gated DeltaNet layers of Qwen3.5/3.6 have no CUDA kernels yet "
+                              "(use -dev cpu)");
+        return -1;
+    }
+    if (c->attn_gate) {
+        snprintf(err, errlen, "-dev cuda: gated attention (Qwen3.5) has no CUDA kernel yet (use -dev cpu)");
+        return -1;
+    }
+    if (c->head_dim != 128 && c->head_dim != 256) {
+        snprintf(err, errlen, "-dev cuda: head_dim %d: the CUDA attention takes 128 or 256", c->head_dim);
+        return -1;
+    }
+    if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 16) {
+        snprintf(err, errlen, "-dev cuda: %d query heads over %d kv heads: the CUDA attention takes up to 16 per kv head",
+                 c->n_heads, c->n_kv_heads);
+        return -1;
+    }
+    if (c->hidden % 8 || c->ffn % 8 || (c->n_heads * c->head_dim) % 8) {
+        snprintf(err, errlen, "-dev cuda: hidden %d, intermediate %d: the CUDA matmul takes widths that are multiples of 8",
+                 c->hidden, c->ffn);
+        return -1;
+    }
+    if (spec) {
+        const char *names[2] = {spec->k->name, spec->v->name};
+        for (int i = 0; i < 2; i++)
+            if (strcmp(names[i], "f32") && strcmp(names[i], "f16")) {
+                snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32 and f16 do; use -dev cpu)",
+                         names[i]);
+                return -1;
+            }
+        if (spec->k != spec->v) {
+            snprintf(err, errlen, "-dev cuda: K and V in different schemes (%s/%s): the CUDA cache takes one",
+                     names[0], names[1]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+#ifdef USE_CUDA
+
+/* A weight matrix in device memory. */
+typedef struct {
+    const void *d;
+    int dtype, rows, cols;
+} DevW;
+
+typedef struct {
+    float *in_norm, *post_norm, *q_norm, *k_norm;
+    DevW wq, wk, wv, wo, wg, wu, wd;
+} DevLayer;
+
+struct GpuModel {
+    Config cfg;
+    CudaInfo info;
+    char desc[320];
+    char *arena; /* every weight and norm */
+    size_t arena_bytes, used;
+    DevW embed, lm_head;
+    float *final_norm;
+    DevLayer *layers;
+    int has_mtp;
+    DevW mtp_fc;
+    float *mtp_norm_emb, *mtp_norm_hid, *mtp_norm;
+    DevLayer mtp_layer;
+    double *inv_freq;
+    float rope_mscale;
+    /* scratch (above) */
+    float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits, *cat, *part;
+    int *tokens, *pos;
+    size_t part_floats;
+    /* RoPE tables [rope_cap, rot/2], grown by gpu_kv_init */
+    float *cs, *sn;
+    int rope_cap;
+    int graphs; /* RUN_CUDA_GRAPHS is not 0 */
+};
+
+/* The device side of a KVCache (kv->dev). */
+typedef struct {
+    GpuModel *g;
+    int f16, layers, cap;
+    char *k, *v;      /* [layers, nkv, cap, hd] each */
+    size_t layer_bytes;
+    void *graph[GPU_GRAPH_MAX + 1]; /* by token count, captured on first use */
+} GpuKV;
+
+static int dtype_code(DType t) { return t == DT_F32 ? CUDA_F32 : t == DT_F16 ? CUDA_F16 : CUDA_BF16; }
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Bytes a weight takes in the arena; what cannot go up is refused in err. */
+static int weight_fits(const Weight *w, const char *name, size_t *total, char *err, size_t errlen) {
+    if (w->dtype != DT_F32 && w->dtype != DT_F16 && w->dtype != DT_BF16) {
+        snprintf(err, errlen, "-dev cuda: %s is not in its stored dtype (converted or relaid at load): the GPU takes "
+                              "f32, f16 and bf16 weights (drop -wq q8)", name);
+        return -1;
+    }
+    *total += align256((size_t)w->rows * w->cols * dtype_size(w->dtype));
+    return 0;
+}
+
+static void *arena_take(GpuModel *g, size_t bytes) {
+    void *p = g->arena + g->used;
+    g->used += align256(bytes);
+    return p;
+}
+
+static int up_weight(GpuModel *g, const Weight *w, DevW *d, const char *name, char *err, size_t errlen) {
+    const size_t bytes = (size_t)w->rows * w->cols * dtype_size(w->dtype);
+    void *p = arena_take(g, bytes);
+    *d = (DevW){p, dtype_code(w->dtype), w->rows, w->cols};
+    return cuda_upload(p, w->data, bytes, name, err, errlen);
+}
+
+static int up_vec(GpuModel *g, const float *v, int n, float **d, const char *name, char *err, size_t errlen) {
+    *d = arena_take(g, (size_t)n * sizeof(float));
+    return cuda_upload(*d, v, (size_t)n * sizeof(float), name, err, errlen);
+}
+
+static int layer_bytes(const Config *c, const Layer *L, const char *name, size_t *total, char *err, size_t errlen) {
+    const Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+    for (int i = 0; i < 7; i++)
+        if (weight_fits(w[i], name, total, err, errlen)) return -1;
+    *total += 2 * align256((size_t)c->hidden * 4) + 2 * align256((size_t)c->head_dim * 4);
+    return 0;
+}
+
+static int up_layer(GpuModel *g, const Layer *L, DevLayer *d, const char *name, char *err, size_t errlen) {
+    const Config *c = &g->cfg;
+    return up_vec(g, L->in_norm, c->hidden, &d->in_norm, name, err, errlen) ||
+           up_vec(g, L->post_norm, c->hidden, &d->post_norm, name, err, errlen) ||
+           up_vec(g, L->q_norm, c->head_dim, &d->q_norm, name, err, errlen) ||
+           up_vec(g, L->k_norm, c->head_dim, &d->k_norm, name, err, errlen) ||
+           up_weight(g, &L->wq, &d->wq, name, err, errlen) || up_weight(g, &L->wk, &d->wk, name, err, errlen) ||
+           up_weight(g, &L->wv, &d->wv, name, err, errlen) || up_weight(g, &L->wo, &d->wo, name, err, errlen) ||
+           up_weight(g, &L->wg, &d->wg, name, err, errlen) || up_weight(g, &L->wu, &d->wu, name, err, errlen) ||
+           up_weight(g, &L->wd, &d->wd, name, err, errlen);
+}
+
+/* The device, the scratch, and the description; the arena is the caller's. */
+static int open_common(GpuModel *g, char *err, size_t errlen) {
+    const Config *c = &g->cfg;
+    if (cuda_open(&g->info, err, errlen)) return -1;
+    const char *e = getenv("RUN_CUDA_GRAPHS");
+    g->graphs = !(e && strcmp(e, "0") == 0);
+    const size_t B = GPU_BATCH, H = c->hidden, qd = (size_t)c->n_heads * c->head_dim,
+                 kvd = (size_t)c->n_kv_heads * c->head_dim;
+    /* the most partial sums any token count asks for */
+    for (int n = 1; n <= GPU_BATCH; n++) {
+        const int s = cuda_attn_splits(n, c->n_heads, c->n_kv_heads, 1 << 30, g->info.sm_count);
+        const size_t f = cuda_attn_part_floats(n, c->n_heads, c->head_dim, s);
+        if (f > g->part_floats) g->part_floats = f;
+    }
+    const size_t floats = 2 * B * H + 2 * B * qd + 2 * B * kvd + 2 * B * c->ffn + B * c->vocab_size + 2 * B * H +
+                          g->part_floats;
+    float *s = cuda_alloc(floats * sizeof(float) + (B + 1) * sizeof(int), "the activations' scratch", err, errlen);
+    if (!s) return -1;
+    g->x = s, s += B * H;
+    g->xb = s, s += B * H;
+    g->q = s, s += B * qd;
+    g->att = s, s += B * qd;
+    g->k = s, s += B * kvd;
+    g->v = s, s += B * kvd;
+    g->hb = s, s += B * c->ffn;
+    g->hb2 = s, s += B * c->ffn;
+    g->logits = s, s += B * c->vocab_size;
+    g->cat = s, s += 2 * B * H;
+    g->part = s, s += g->part_floats;
+    g->tokens = (int *)s;
+    g->pos = g->tokens + B;
+    size_t fr = 0, tot = 0;
+    cuda_mem(&fr, &tot);
+    snprintf(g->desc, sizeof g->desc, "%s (sm_%d%d, %d SMs, %.1f GB)", g->info.name, g->info.cc_major,
+             g->info.cc_minor, g->info.sm_count, tot / 1e9);
+    return 0;
+}
+
+int gpu_model_open(GpuModel **out, const Model *m, char *err, size_t errlen) {
+    *out = NULL;
+    if (gpu_supports(&m->cfg, NULL, err, errlen)) return -1;
+    GpuModel *g = calloc(1, sizeof *g);
+    const Config *c = &m->cfg;
+    if (!g) { snprintf(err, errlen, "out of memory"); return -1; }
+    g->cfg = *c;
+    g->layers = calloc((size_t)c->n_layers, sizeof(DevLayer));
+    g->inv_freq = malloc((size_t)(c->rot_dim / 2) * sizeof(double));
+    if (!g->layers || !g->inv_freq) { snprintf(err, errlen, "out of memory"); goto fail; }
+    memcpy(g->inv_freq, m->inv_freq, (size_t)(c->rot_dim / 2) * sizeof(double));
+    g->rope_mscale = m->rope_mscale;
+    if (open_common(g, err, errlen)) goto fail;
+    /* sizes first, so that a model too big is one line before any copy */
+    size_t total = 0;
+    const int tied = m->lm_head.data == m->embed.data;
+    if (weight_fits(&m->embed, "embed_tokens.weight", &total, err, errlen) ||
+        (!tied && weight_fits(&m->lm_head, "lm_head.weight", &total, err, errlen)))
+        goto fail;
+    total += align256((size_t)c->hidden * 4);
+    for (int l = 0; l < c->n_layers; l++)
+        if (layer_bytes(c, &m->layers[l], "a decoder layer", &total, err, errlen)) goto fail;
+    g->has_mtp = m->has_mtp;
+    if (g->has_mtp && (layer_bytes(c, &m->mtp_layer, "the MTP layer", &total, err, errlen) ||
+                       weight_fits(&m->mtp_fc, "mtp.fc.weight", &total, err, errlen)))
+        goto fail;
+    total += 3 * align256((size_t)c->hidden * 4);
+    if (!(g->arena = cuda_alloc(total, "the weights", err, errlen))) goto fail;
+    g->arena_bytes = total;
+    char name[96];
+    if (up_weight(g, &m->embed, &g->embed, "embed_tokens.weight", err, errlen)) goto fail;
+    if (tied) g->lm_head = g->embed;
+    else if (up_weight(g, &m->lm_head, &g->lm_head, "lm_head.weight", err, errlen)) goto fail;
+    if (up_vec(g, m->final_norm, c->hidden, &g->final_norm, "norm.weight", err, errlen)) goto fail;
+    for (int l = 0; l < c->n_layers; l++) {
+        snprintf(name, sizeof name, "layer %d's weights", l);
+        if (up_layer(g, &m->layers[l], &g->layers[l], name, err, errlen)) goto fail;
+    }
+    if (g->has_mtp && (up_layer(g, &m->mtp_layer, &g->mtp_layer, "the MTP layer", err, errlen) ||
+                       up_weight(g, &m->mtp_fc, &g->mtp_fc, "mtp.fc.weight", err, errlen) ||
+                       up_vec(g, m->mtp_norm_emb, c->hidden, &g->mtp_norm_emb, "mtp.pre_fc_norm_embedding", err,
+                              errlen) ||
+                       up_vec(g, m->mtp_norm_hid, c->hidden, &g->mtp_norm_hid, "mtp.pre_fc_norm_hidden", err,
+                              errlen) ||
+                       up_vec(g, m->mtp_norm, c->hidden, &g->mtp_norm, "mtp.norm", err, errlen)))
+        goto fail;
+    *out = g;
+    return 0;
+fail:
+    gpu_model_free(g);
+    return -1;
+}
+
+int gpu_model_random(GpuModel **out, const Config *c, unsigned long long seed, char *err, size_t errlen) {
+    *out = NULL;
+    if (gpu_supports(c, NULL, err, errlen)) return -1;
+    GpuModel *g = calloc(1, sizeof *g);
+    if (!g) { snprintf(err, errlen, "out of memory"); return -1; }
+    g->cfg = *c;
+    g->layers = calloc((size_t)c->n_layers, sizeof(DevLayer));
+    g->inv_freq = malloc((size_t)(c->rot_dim / 2) * sizeof(double));
+    if (!g->layers || !g->inv_freq) { snprintf(err, errlen, "out of memory"); goto fail; }
+    for (int i = 0; i < c->rot_dim / 2; i++) g->inv_freq[i] = pow(c->rope_theta, -2.0 * i / c->rot_dim);
+    g->rope_mscale = 1;
+    if (open_common(g, err, errlen)) goto fail;
+    const size_t H = c->hidden, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    const size_t V = c->vocab_size, I = c->ffn;
+    const size_t per_layer = align256(qd * H * 2) + 2 * align256(kvd * H * 2) + align256(H * qd * 2) +
+                             2 * align256(I * H * 2) + align256(H * I * 2) + 2 * align256(H * 4) +
+                             2 * align256((size_t)c->head_dim * 4);
+    const size_t total = align256(V * H * 2) * (c->tie_embeddings ? 1 : 2) + align256(H * 4) + per_layer * c->n_layers;
+    if (!(g->arena = cuda_alloc(total, "the weights", err, errlen))) goto fail;
+    g->arena_bytes = total;
+    /* weights uniform in +-1/sqrt(cols), so activations stay in range; norms 1 */
+    unsigned long long s = seed;
+#define RAND_W(dw, r, cl)                                                                                              \
+    do {                                                                                                               \
+        (dw) = (DevW){arena_take(g, (size_t)(r) * (cl) * 2), CUDA_BF16, (int)(r), (int)(cl)};                         \
+        cuda_fill_random((void *)(dw).d, (size_t)(r) * (cl), s++, 1.0f / sqrtf((float)(cl)));                          \
+    } while (0)
+#define ONES(dv, count)                                                                                                \
+    do {                                                                                                               \
+        (dv) = arena_take(g, (size_t)(count) * 4);                                                                     \
+        cuda_fill_ones((dv), (size_t)(count));                                                                         \
+    } while (0)
+    RAND_W(g->embed, V, H);
+    if (c->tie_embeddings) g->lm_head = g->embed;
+    else RAND_W(g->lm_head, V, H);
+    ONES(g->final_norm, H);
+    for (int l = 0; l < c->n_layers; l++) {
+        DevLayer *d = &g->layers[l];
+        ONES(d->in_norm, H);
+        ONES(d->post_norm, H);
+        ONES(d->q_norm, c->head_dim);
+        ONES(d->k_norm, c->head_dim);
+        RAND_W(d->wq, qd, H);
+        RAND_W(d->wk, kvd, H);
+        RAND_W(d->wv, kvd, H);
+        RAND_W(d->wo, H, qd);
+        RAND_W(d->wg, I, H);
+        RAND_W(d->wu, I, H);
+        RAND_W(d->wd, H, I);
+    }
+#undef RAND_W
+#undef ONES
+    if (cuda_sync("making random weights", err, errlen)) goto fail;
+    *out = g;
+    return 0;
+fail:
+    gpu_model_free(g);
+    return -1;
+}
+
+void gpu_model_free(GpuModel *g) {
+    if (!g) return;
+    cuda_free(g->arena);
+    cuda_free(g->x);
+    cuda_free(g->cs);
+    free(g->layers);
+    free(g->inv_freq);
+    free(g);
+}
+
+const char *gpu_model_device(const GpuModel *g) { return g->desc; }
+size_t gpu_model_bytes(const GpuModel *g) { return g->arena_bytes; }
+size_t gpu_model_mem(const GpuModel *g) { return g->info.mem_total; }
+
+void gpu_model_set_graphs(GpuModel *g, int on) { g->graphs = on; }
+
+static void kv_dev_free(void *p) {
+    GpuKV *d = p;
+    for (int i = 0; i <= GPU_GRAPH_MAX; i++) cuda_graph_free(d->graph[i]);
+    cuda_free(d->k);
+    free(d);
+}
+
+/* cos/sin for positions [0, cap), as model.c's rope_tables makes them. */
+static int rope_upload(GpuModel *g, int cap, char *err, size_t errlen) {
+    if (cap <= g->rope_cap) return 0;
+    const int half = g->cfg.rot_dim / 2;
+    const size_t count = (size_t)cap * half;
+    float *h = malloc(2 * count * sizeof(float));
+    if (!h) { snprintf(err, errlen, "out of memory for the RoPE tables"); return -1; }
+    for (int p = 0; p < cap; p++)
+        for (int j = 0; j < half; j++) {
+            const double a = (double)p * g->inv_freq[j];
+            h[(size_t)p * half + j] = (float)cos(a) * g->rope_mscale;
+            h[count + (size_t)p * half + j] = (float)sin(a) * g->rope_mscale;
+        }
+    float *d = cuda_alloc(2 * count * sizeof(float), "the RoPE tables", err, errlen);
+    int rc = !d || cuda_upload(d, h, 2 * count * sizeof(float), "the RoPE tables", err, errlen);
+    free(h);
+    if (rc) {
+        cuda_free(d);
+        return -1;
+    }
+    cuda_free(g->cs);
+    g->cs = d;
+    g->sn = d + count;
+    g->rope_cap = cap;
+    return 0;
+}
+
+int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen) {
+    const Config *c = &g->cfg;
+    memset(kv, 0, sizeof *kv);
+    if (ctx < 1) { snprintf(err, errlen, "context of %d positions: expected at least 1", ctx); return -1; }
+    if (gpu_supports(c, spec, err, errlen) || rope_upload(g, ctx, err, errlen)) return -1;
+    GpuKV *d = calloc(1, sizeof *d);
+    if (!d) { snprintf(err, errlen, "out of memory"); return -1; }
+    d->g = g;
+    d->f16 = strcmp(spec->k->name, "f16") == 0;
+    d->layers = mtp ? 1 : c->n_layers;
+    d->cap = ctx;
+    d->layer_bytes = (size_t)c->n_kv_heads * ctx * c->head_dim * (d->f16 ? 2 : 4);
+    const size_t bytes = 2 * d->layer_bytes * d->layers;
+    char what[96];
+    snprintf(what, sizeof what, "a KV cache of %d positions (-c)", ctx);
+    if (!(d->k = cuda_alloc(bytes, what, err, errlen))) {
+        free(d);
+        return -1;
+    }
+    d->v = d->k + d->layer_bytes * d->layers;
+    kv->spec = *spec;
+    kv->n_layers = d->layers;
+    kv->n_kv = c->n_kv_heads;
+    kv->d = c->head_dim;
+    kv->cap = ctx;
+    kv->dev = d;
+    kv->dev_bytes = bytes;
+    kv->dev_free = kv_dev_free;
+    return 0;
+}
+
+int gpu_kv_fill_random(KVCache *kv, int n, unsigned long long seed, char *err, size_t errlen) {
+    GpuKV *d = kv->dev;
+    if (n < 0 || n > d->cap) { snprintf(err, errlen, "%d positions in a cache of %d", n, d->cap); return -1; }
+    /* bf16 bit patterns of values in [-0.5, 0.5]: finite as f16 too, and as
+     * the high halves of f32 */
+    cuda_fill_random(d->k, 2 * d->layer_bytes * d->layers / 2, seed, 0.5f);
+    kv->dev_len = n;
+    return cuda_sync("filling the cache", err, errlen);
+}
+
+/* One decoder layer on n tokens of g->x, its K and V into cache layer cl. */
+static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, int splits) {
+    const Config *c = &g->cfg;
+    const int H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    const float eps = (float)c->eps;
+    char *kc = d->k + d->layer_bytes * cl, *vc = d->v + d->layer_bytes * cl;
+    cuda_rmsnorm(g->xb, H, g->x, H, L->in_norm, n, H, eps);
+    cuda_matmul(g->q, g->xb, L->wq.d, L->wq.dtype, L->wq.rows, L->wq.cols, n);
+    cuda_matmul(g->k, g->xb, L->wk.d, L->wk.dtype, L->wk.rows, L->wk.cols, n);
+    cuda_matmul(g->v, g->xb, L->wv.d, L->wv.dtype, L->wv.rows, L->wv.cols, n);
+    cuda_qk_rope_store(g->q, g->k, g->v, L->q_norm, L->k_norm, g->cs, g->sn, kc, vc, d->f16, g->pos, n, nh, nkv, hd,
+                       c->rot_dim, d->cap, eps);
+    cuda_attention(g->att, g->q, kc, vc, d->f16, g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd), g->part,
+                   splits);
+    cuda_matmul(g->xb, g->att, L->wo.d, L->wo.dtype, L->wo.rows, L->wo.cols, n);
+    cuda_add(g->x, g->xb, (size_t)n * H);
+    cuda_rmsnorm(g->xb, H, g->x, H, L->post_norm, n, H, eps);
+    cuda_matmul(g->hb, g->xb, L->wg.d, L->wg.dtype, L->wg.rows, L->wg.cols, n);
+    cuda_matmul(g->hb2, g->xb, L->wu.d, L->wu.dtype, L->wu.rows, L->wu.cols, n);
+    cuda_swiglu(g->hb, g->hb2, (size_t)n * c->ffn);
+    cuda_matmul(g->xb, g->hb, L->wd.d, L->wd.dtype, L->wd.rows, L->wd.cols, n);
+    cuda_add(g->x, g->xb, (size_t)n * H);
+}
+
+/* The main model on n tokens already in g->tokens at g->pos: hidden states
+ * in g->xb, and logits of the last lg_rows rows into g->logits. */
+static void forward_dev(GpuModel *g, GpuKV *d, int n, int lg_rows) {
+    const Config *c = &g->cfg;
+    const int H = c->hidden;
+    const int splits = cuda_attn_splits(n, c->n_heads, c->n_kv_heads, d->cap, g->info.sm_count);
+    cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, n, H);
+    for (int l = 0; l < c->n_layers; l++) layer_run(g, &g->layers[l], d, l, n, splits);
+    cuda_rmsnorm(g->xb, H, g->x, H, g->final_norm, n, H, (float)c->eps);
+    if (lg_rows)
+        cuda_matmul(g->logits, g->xb + (size_t)(n - lg_rows) * H, g->lm_head.d, g->lm_head.dtype, g->lm_head.rows,
+                    g->lm_head.cols, lg_rows);
+}
+
+/* Tokens and position up; the graph of n tokens (captured on first use),
+ * or the kernels one by one. */
+static int step(GpuModel *g, GpuKV *d, const int *tokens, int n, int pos, int lg_rows, char *err, size_t errlen) {
+    if (cuda_upload(g->tokens, tokens, (size_t)n * sizeof(int), "token ids", err, errlen) ||
+        cuda_upload(g->pos, &pos, sizeof(int), "the position", err, errlen))
+        return -1;
+    if (!g->graphs || n > GPU_GRAPH_MAX) {
+        forward_dev(g, d, n, lg_rows);
+        return 0;
+    }
+    /* a captured step always makes every row's logits: at up to 8 rows the
+     * lm_head's weights are read once either way */
+    if (!d->graph[n]) {
+        if (cuda_graph_begin(err, errlen)) return -1;
+        forward_dev(g, d, n, n);
+        if (cuda_graph_end(&d->graph[n], err, errlen)) return -1;
+    }
+    return cuda_graph_launch(d->graph[n], err, errlen);
+}
+
+int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
+                char *err, size_t errlen) {
+    GpuKV *d = kv->dev;
+    const int V = g->cfg.vocab_size, H = g->cfg.hidden, pos = kv->dev_len;
+    for (int off = 0; off < n; off += GPU_BATCH) {
+        const int nb = n - off < GPU_BATCH ? n - off : GPU_BATCH, last = off + nb == n;
+        const int lg_rows = !logits ? 0 : all_logits ? nb : last ? 1 : 0;
+        if (step(g, d, tokens + off, nb, pos + off, lg_rows, err, errlen)) return -1;
+        /* a graph's logits are all rows'; else only the last lg_rows rows were made */
+        const float *src = g->logits + (size_t)(g->graphs && nb <= GPU_GRAPH_MAX ? nb - lg_rows : 0) * V;
+        if (lg_rows && cuda_download(all_logits ? logits + (size_t)off * V : logits, src, (size_t)lg_rows * V * 4,
+                                     "the logits", err, errlen))
+            return -1;
+        if (hidden && cuda_download(hidden + (size_t)off * H, g->xb, (size_t)nb * H * 4, "the hidden states", err,
+                                    errlen))
+            return -1;
+        if (cuda_sync("the forward pass", err, errlen)) return -1;
+        kv->dev_len = pos + off + nb;
+    }
+    return 0;
+}
+
+int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
+                    int all_logits, float *hm, char *err, size_t errlen) {
+    GpuKV *d = mkv->dev;
+    const Config *c = &g->cfg;
+    const int V = c->vocab_size, H = c->hidden, pos = mkv->dev_len;
+    const float eps = (float)c->eps;
+    if (!g->has_mtp) { snprintf(err, errlen, "the model has no MTP head"); return -1; }
+    for (int off = 0; off < n; off += GPU_BATCH) {
+        const int nb = n - off < GPU_BATCH ? n - off : GPU_BATCH, last = off + nb == n;
+        const int lg_rows = !logits ? 0 : all_logits ? nb : last ? 1 : 0, p = pos + off;
+        if (cuda_upload(g->tokens, tokens + off, (size_t)nb * sizeof(int), "token ids", err, errlen) ||
+            cuda_upload(g->pos, &p, sizeof(int), "the position", err, errlen) ||
+            cuda_upload(g->xb, hidden + (size_t)off * H, (size_t)nb * H * 4, "the hidden states", err, errlen))
+            return -1;
+        /* cat [nb, 2H] = [RMSNorm(E[t_i]) | RMSNorm(h_i)], embedding half first */
+        cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, nb, H);
+        cuda_rmsnorm(g->cat, 2 * H, g->x, H, g->mtp_norm_emb, nb, H, eps);
+        cuda_rmsnorm(g->cat + H, 2 * H, g->xb, H, g->mtp_norm_hid, nb, H, eps);
+        cuda_matmul(g->x, g->cat, g->mtp_fc.d, g->mtp_fc.dtype, g->mtp_fc.rows, g->mtp_fc.cols, nb);
+        layer_run(g, &g->mtp_layer, d, 0, nb,
+                  cuda_attn_splits(nb, c->n_heads, c->n_kv_heads, d->cap, g->info.sm_count));
+        cuda_rmsnorm(g->xb, H, g->x, H, g->mtp_norm, nb, H, eps);
+        if (lg_rows)
+            cuda_matmul(g->logits, g->xb + (size_t)(nb - lg_rows) * H, g->lm_head.d, g->lm_head.dtype,
+                        g->lm_head.rows, g->lm_head.cols, lg_rows);
+        if (lg_rows && cuda_download(all_logits ? logits + (size_t)off * V : logits, g->logits,
+                                     (size_t)lg_rows * V * 4, "the MTP logits", err, errlen))
+            return -1;
+        if (hm && cuda_download(hm + (size_t)off * H, g->xb, (size_t)nb * H * 4, "the MTP states", err, errlen))
+            return -1;
+        if (cuda_sync("the MTP forward", err, errlen)) return -1;
+        mkv->dev_len = p + nb;
+    }
+    return 0;
+}
+
+#else /* a build without CUDA: opening says so (cuda_open), so nothing below it is reached */
+
+static int no_cuda(char *err, size_t errlen) {
+    CudaInfo info;
+    return cuda_open(&info, err, errlen);
+}
+int gpu_model_open(GpuModel **g, const Model *m, char *err, size_t errlen) {
+    *g = NULL;
+    return gpu_supports(&m->cfg, NULL, err, errlen) ? -1 : no_cuda(err, errlen);
+}
+int gpu_model_random(GpuModel **g, const Config *c, unsigned long long seed, char *err, size_t errlen) {
+    (void)c, (void)seed;
+    *g = NULL;
+    return no_cuda(err, errlen);
+}
+void gpu_model_free(GpuModel *g) { (void)g; }
+void gpu_model_set_graphs(GpuModel *g, int on) { (void)g, (void)on; }
+int gpu_kv_fill_random(KVCache *kv, int n, unsigned long long seed, char *err, size_t errlen) {
+    (void)kv, (void)n, (void)seed;
+    return no_cuda(err, errlen);
+}
+const char *gpu_model_device(const GpuModel *g) { (void)g; return "none"; }
+size_t gpu_model_bytes(const GpuModel *g) { (void)g; return 0; }
+size_t gpu_model_mem(const GpuModel *g) { (void)g; return 0; }
+int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen) {
+    (void)g, (void)kv, (void)spec, (void)ctx, (void)mtp;
+    return no_cuda(err, errlen);
+}
+int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
+                char *err, size_t errlen) {
+    (void)g, (void)kv, (void)tokens, (void)n, (void)logits, (void)all_logits, (void)hidden;
+    return no_cuda(err, errlen);
+}
+int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
+                    int all_logits, float *hm, char *err, size_t errlen) {
+    (void)g, (void)mkv, (void)hidden, (void)tokens, (void)n, (void)logits, (void)all_logits, (void)hm;
+    return no_cuda(err, errlen);
+}
+
+#endif

@@ -1,0 +1,70 @@
+/* gpu.h: a Qwen3 model's forward pass on one CUDA GPU (-dev cuda).
+ *
+ * Data flow: run.c loads the model as for the CPU (weights mapped, not
+ * relaid), then model_to_gpu (model.h) uploads every weight once into one
+ * device arena in its stored dtype; from then on model_forward,
+ * model_mtp_forward and model_kv_init come here. Per step only token ids
+ * and the position go up, and the logits (or hidden states) a caller asks
+ * for come down. The KV cache lives in device memory (f32 or f16 rows,
+ * attended in place by attn/attn.cu), hung on the KVCache (kv.h, dev).
+ *
+ *   tokens [n] -> embed -> layers (rmsnorm, q|k|v, q/k norm + RoPE + store,
+ *   attention, o + residual, rmsnorm, gate|up, swiglu, down + residual)
+ *   -> rmsnorm -> hidden [n, H] -> lm_head -> logits [n, V]
+ *
+ * A forward of up to 8 tokens (decode, speculative verification) is
+ * captured once per token count and cache as a CUDA graph and replayed,
+ * so a small model's step is not bound by launch overhead; RUN_CUDA_GRAPHS=0
+ * launches kernel by kernel instead (for comparison). Every function
+ * returns 0, or -1 with one line in err.
+ */
+#ifndef GPU_H
+#define GPU_H
+
+#include <stddef.h>
+
+#include "kv/kv.h"
+#include "model/config.h"
+
+typedef struct Model Model;
+typedef struct GpuModel GpuModel;
+
+/* Whether a model of config c and a cache of spec (NULL: any) can run on
+ * the GPU: 0, or -1 with a line naming what cannot (Gated DeltaNet
+ * layers, a KV scheme without a CUDA kernel yet). Asks nothing of the
+ * device. */
+int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen);
+/* Opens the device and uploads m's weights (and its MTP module's). */
+int gpu_model_open(GpuModel **g, const Model *m, char *err, size_t errlen);
+/* The shape of c with random bf16 weights made on the device (benchmarks:
+ * no checkpoint needed); RoPE uses the plain theta frequencies. */
+int gpu_model_random(GpuModel **g, const Config *c, unsigned long long seed, char *err, size_t errlen);
+void gpu_model_free(GpuModel *g);
+/* "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GB)", and the bytes the
+ * weights take there. */
+const char *gpu_model_device(const GpuModel *g);
+size_t gpu_model_bytes(const GpuModel *g);
+/* The device's memory in bytes. */
+size_t gpu_model_mem(const GpuModel *g);
+
+/* Turns graph capture on or off (RUN_CUDA_GRAPHS sets it at open). */
+void gpu_model_set_graphs(GpuModel *g, int on);
+
+/* A cache of ctx positions (mtp: the MTP module's one layer) in device
+ * memory, hung on kv (kv->dev); kv_cache_len/truncate/free then work on it. */
+int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen);
+
+/* Fills kv's first n positions with random values and sets its length
+ * to n (benchmarks: a long context without its prefill). */
+int gpu_kv_fill_random(KVCache *kv, int n, unsigned long long seed, char *err, size_t errlen);
+
+/* model_forward on the GPU: tokens [n] at positions [len, len + n) of kv;
+ * logits [n, V] (all_logits) or [V] of the last token, and hidden [n, H],
+ * each only when not NULL. */
+int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
+                char *err, size_t errlen);
+/* model_mtp_forward on the GPU: hidden [n, H] rows in, the MTP cache mkv. */
+int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
+                    int all_logits, float *hm, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,159 @@
+/* bench_cuda.c: the speed of -dev cuda (make bench-cuda), on random
+ * weights built on the GPU from the Qwen3-0.6B and Qwen3-8B shapes (no
+ * checkpoint needed).
+ *
+ * Per shape: decode tok/s at 0, 4K and 32K cached positions (f16 cache,
+ * the cache filled with random rows rather than prefilled), with the step
+ * captured as a CUDA graph and launched kernel by kernel; the fraction of
+ * the HBM roofline (weights + cache bytes read per token over the time,
+ * against this run's device-to-device copy bandwidth); prefill tok/s of
+ * 512 and 4096 tokens from an empty cache, with the GEMMs' TFLOP/s
+ * (2 x matmul weights per token); GPU memory used.
+ *
+ *   build/bench_cuda [--shape 0.6b|8b|all] [--steps N]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda.h"
+#include "model/gpu.h"
+
+static Config shape(const char *name) {
+    Config c;
+    memset(&c, 0, sizeof c);
+    c.arch = ARCH_QWEN3;
+    c.vocab_size = 151936;
+    c.head_dim = c.rot_dim = 128;
+    c.n_kv_heads = 8;
+    c.eps = 1e-6;
+    c.rope_theta = 1e6;
+    c.max_pos = 40960;
+    if (!strcmp(name, "0.6b")) {
+        c.hidden = 1024, c.n_layers = 28, c.n_heads = 16, c.ffn = 3072, c.tie_embeddings = 1;
+    } else {
+        c.hidden = 4096, c.n_layers = 36, c.n_heads = 32, c.ffn = 12288, c.tie_embeddings = 0;
+    }
+    return c;
+}
+
+/* Weights one decode step reads: every matrix once, the lm_head included. */
+static double step_weight_bytes(const Config *c) {
+    const double H = c->hidden, qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
+    const double per = qd * H + 2 * kvd * H + H * qd + 3.0 * c->ffn * H;
+    return 2 * (per * c->n_layers + (double)c->vocab_size * H);
+}
+
+static void die(const char *what, const char *err) {
+    fprintf(stderr, "bench_cuda: %s: %s\n", what, err);
+    exit(1);
+}
+
+/* Seconds per decode step at ctx cached positions, over steps steps
+ * (each rolled back, so every step sees ctx positions). */
+static double decode_s(GpuModel *g, KVCache *kv, int ctx, int steps, float *logits) {
+    char err[512];
+    if (gpu_kv_fill_random(kv, ctx, 7, err, sizeof err)) die("cache", err);
+    int tok = 42;
+    for (int w = 0; w < 3; w++) {
+        if (gpu_forward(g, kv, &tok, 1, logits, 0, NULL, err, sizeof err)) die("decode", err);
+        kv_cache_truncate(kv, ctx);
+    }
+    double best = 1e9;
+    for (int r = 0; r < 3; r++) {
+        cuda_timer_start();
+        for (int i = 0; i < steps; i++) {
+            if (gpu_forward(g, kv, &tok, 1, logits, 0, NULL, err, sizeof err)) die("decode", err);
+            if (kv_cache_truncate(kv, ctx)) die("decode", "rollback refused");
+        }
+        const double t = cuda_timer_stop() / steps;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+static double prefill_s(GpuModel *g, KVCache *kv, int n, float *logits) {
+    char err[512];
+    int *toks = malloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) toks[i] = (i * 7919) % 151936;
+    double best = 1e9;
+    for (int r = 0; r < 2; r++) {
+        kv_cache_truncate(kv, 0);
+        cuda_timer_start();
+        if (gpu_forward(g, kv, toks, n, logits, 0, NULL, err, sizeof err)) die("prefill", err);
+        const double t = cuda_timer_stop();
+        best = t < best ? t : best;
+    }
+    free(toks);
+    return best;
+}
+
+static void bench_shape(const char *name, int steps, double bw) {
+    char err[512];
+    Config c = shape(name);
+    size_t free0 = 0, total = 0, free1 = 0;
+    cuda_mem(&free0, &total);
+    GpuModel *g;
+    if (gpu_model_random(&g, &c, 1, err, sizeof err)) die(name, err);
+    KVCache kv;
+    KVSpec spec = {kv_find("f16"), kv_find("f16"), {0, 0}, {0, 0}};
+    const int cap = 32768 + 64;
+    if (gpu_kv_init(g, &kv, &spec, cap, 0, err, sizeof err)) die(name, err);
+    cuda_mem(&free1, &total);
+    float *logits = malloc((size_t)c.vocab_size * sizeof(float));
+    const double wbytes = step_weight_bytes(&c);
+    const double kv_pos = (double)c.n_layers * c.n_kv_heads * c.head_dim * 2 * 2; /* K and V, f16 */
+    printf("\n%s shape: %d layers, hidden %d, heads %d/%d, ffn %d; weights %.2f GB, GPU memory used %.2f GB "
+           "(weights, scratch, %d-position f16 cache)\n",
+           name, c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.ffn, gpu_model_bytes(g) / 1e9,
+           (double)(free0 - free1) / 1e9, cap);
+    printf("| context | tok/s (graph) | ms/token | roofline | tok/s (no graph) |\n|---|---|---|---|---|\n");
+    const int ctxs[] = {0, 4096, 32768};
+    for (int i = 0; i < 3; i++) {
+        gpu_model_set_graphs(g, 1);
+        const double t = decode_s(g, &kv, ctxs[i], steps, logits);
+        gpu_model_set_graphs(g, 0);
+        const double t0 = decode_s(g, &kv, ctxs[i], steps, logits);
+        const double floor = (wbytes + kv_pos * ctxs[i]) / (bw * 1e9);
+        printf("| %d | %.1f | %.3f | %.2f | %.1f |\n", ctxs[i], 1 / t, t * 1e3, floor / t, 1 / t0);
+        fflush(stdout);
+    }
+    gpu_model_set_graphs(g, 1);
+    const double flops = 2 * (step_weight_bytes(&c) / 2 - (double)c.vocab_size * c.hidden);
+    printf("| prefill tokens | tok/s | GEMM TFLOP/s |\n|---|---|---|\n");
+    const int ns[] = {512, 4096};
+    for (int i = 0; i < 2; i++) {
+        const double t = prefill_s(g, &kv, ns[i], logits);
+        printf("| %d | %.0f | %.1f |\n", ns[i], ns[i] / t, flops * ns[i] / t / 1e12);
+        fflush(stdout);
+    }
+    free(logits);
+    kv_cache_free(&kv);
+    gpu_model_free(g);
+}
+
+int main(int argc, char **argv) {
+    const char *which = "all";
+    int steps = 50;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--shape") && i + 1 < argc) which = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_cuda [--shape 0.6b|8b|all] [--steps N]\n");
+            return 2;
+        }
+    }
+    if (steps < 1 || steps > 100000 || (strcmp(which, "all") && strcmp(which, "0.6b") && strcmp(which, "8b"))) {
+        fprintf(stderr, "bench_cuda: expected --shape 0.6b|8b|all and --steps 1..100000\n");
+        return 2;
+    }
+    CudaInfo info;
+    char err[512];
+    if (cuda_open(&info, err, sizeof err)) die("device", err);
+    const double bw = cuda_copy_gbps((size_t)1 << 30);
+    printf("device: %s, sm_%d%d, %d SMs, %.1f GB; device-to-device copy %.0f GB/s (read + write)\n", info.name,
+           info.cc_major, info.cc_minor, info.sm_count, info.mem_total / 1e9, bw);
+    if (!strcmp(which, "all") || !strcmp(which, "0.6b")) bench_shape("0.6b", steps, bw);
+    if (!strcmp(which, "all") || !strcmp(which, "8b")) bench_shape("8b", steps, bw);
+    return 0;
+}

@@ -1,0 +1,52 @@
+#!/bin/sh
+# gpu-check.sh: the CUDA path's tests and benchmark on a machine with an
+# NVIDIA GPU, in a few minutes, writing its logs to OUT (default gpu-check/).
+#
+#   make gpu-build                      # here: build-gpu/{run,test_plain,bench_cuda}
+#   OUT=dir sh tools/gpu-check.sh       # there: from the repo root
+#
+# It builds nothing it finds ready in BUILD (default build-gpu): the GPU
+# machine may have no Criterion, so the tests run on the plain runner
+# (tests/runner), which takes the same test files. If the binaries do not
+# start there (other system libraries), it builds them with make first.
+# Steps: the device; the CUDA tests (tests/test_cuda.c: every op against
+# its CPU twin, the shipped model against golden logits and the CPU's
+# greedy tokens); the CLI on the GPU; the benchmark (tools/bench_cuda.c).
+# Exit status: that of the tests.
+OUT=${OUT:-gpu-check}
+BUILD=${BUILD:-build-gpu}
+mkdir -p "$OUT"
+log() { echo "$*" | tee -a "$OUT/summary.txt"; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt" 2>&1
+log "device: $(tail -n 1 "$OUT/device.txt")"
+if ! "$BUILD/run" --version > /dev/null 2>&1 || ! "$BUILD/test_plain" --list > /dev/null 2>&1; then
+    log "binaries in $BUILD do not start here: building"
+    make -j"$(nproc)" gpu-build GPU_BUILD="$BUILD" CUDA_ARCHS="${CUDA_ARCHS:-90}" > "$OUT/build.txt" 2>&1 || { log "build failed"; tail -20 "$OUT/build.txt"; exit 1; }
+fi
+log "$("$BUILD/run" --version)"
+
+RUN_BIN=$BUILD/run timeout 200 "$BUILD/test_plain" --verbose > "$OUT/tests.txt" 2>&1
+rc=$?
+log "tests: $(grep Synthesis "$OUT/tests.txt") (exit $rc)"
+grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary.txt"
+
+{
+    for dev in cpu cuda; do
+        echo "== -dev $dev, greedy, -kv f32, -spec 0 and 3"
+        for s in 0 3; do timeout 60 "$BUILD/run" -dev $dev -kv f32 -t 0 -n 64 -spec $s -i "And God said"; done
+    done
+    echo "== ppl on the held-out text, cpu then cuda (f32 cache)"
+    for dev in cpu cuda; do timeout 60 "$BUILD/run" -dev $dev -m ppl -kv f32 -f tools/data/heldout.txt 2>&1 | tail -n 3; done
+    echo "== refusals"
+    timeout 30 "$BUILD/run" -dev cuda -kv tbq4 -n 4; echo "exit $?"
+    timeout 30 "$BUILD/run" -dev cuda -m kvstats -i "In the beginning"; echo "exit $?"
+    echo "== auto"
+    timeout 60 "$BUILD/run" -n 16 -t 0
+} > "$OUT/cli.txt" 2>&1
+log "cli: $(grep -c '^stats:' "$OUT/cli.txt") stats lines; $(grep 'device=' "$OUT/cli.txt" | sed 's/.*\(decode_tps=[0-9.]*\).*\(device=[a-z]*\).*/\1 \2/' | tr '\n' ';')"
+
+timeout 150 "$BUILD/bench_cuda" > "$OUT/bench.txt" 2>&1
+log "bench: exit $?"
+cat "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
+exit $rc
