@@ -19,10 +19,12 @@
  * Split lengths are computed in the kernel from the length in device
  * memory, so a captured graph serves every position.
  *
- * Per tile: thread t scores position tile + t against every row (queries
- * from shared memory, pre-scaled), the warps turn scores into exponentials
- * row by row, then thread t accumulates dims t (and t + 128) of every row
- * over the tile's values, f32 throughout as on the CPU.
+ * Per tile of 128 positions: each half-warp scores one position at a time
+ * against every row (a lane holds 1/16 of the key row, so loads are
+ * coalesced; queries pre-scaled in shared memory), the warps turn scores
+ * into exponentials row by row, then thread t accumulates dims t (and
+ * t + 128) of every row over the tile's values, f32 throughout as on the
+ * CPU.
  */
 #include <math.h>
 
@@ -32,42 +34,64 @@
 #define AT_TILE 128 /* positions per tile = threads per block */
 #define AT_MAXR 16  /* query rows per block */
 
-/* 8 cached values from row at element d, as f32. */
-template <bool F16> __device__ __forceinline__ void row8(const void *row, int d, float o[8]) {
+/* DPL cached values of a row from element d, as f32: 16 or 32 bytes of
+ * f16, 32 or 64 of f32. */
+template <bool F16, int DPL> __device__ __forceinline__ void row_load(const char *row, int d, float *o) {
     if (F16) {
-        const uint4 u = *(const uint4 *)((const __half *)row + d);
-        const uint32_t p[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) o[2 * i] = f16_f32(p[i] & 0xffff), o[2 * i + 1] = f16_f32(p[i] >> 16);
+        for (int c = 0; c < DPL / 8; c++) {
+            const uint4 u = *((const uint4 *)((const __half *)row + d) + c);
+            const uint32_t p[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                o[8 * c + 2 * i] = f16_f32(p[i] & 0xffff), o[8 * c + 2 * i + 1] = f16_f32(p[i] >> 16);
+        }
     } else {
-        const float4 a = *(const float4 *)((const float *)row + d), b = *((const float4 *)((const float *)row + d) + 1);
-        o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+#pragma unroll
+        for (int c = 0; c < DPL / 4; c++) {
+            const float4 a = *((const float4 *)((const float *)row + d) + c);
+            o[4 * c] = a.x, o[4 * c + 1] = a.y, o[4 * c + 2] = a.z, o[4 * c + 3] = a.w;
+        }
     }
 }
 
-template <bool F16> __device__ __forceinline__ float at1(const void *row, int d) {
+template <bool F16> __device__ __forceinline__ float at1(const char *row, int d) {
     return F16 ? __half2float(((const __half *)row)[d]) : ((const float *)row)[d];
 }
 
 template <int HD, bool F16>
-__global__ void __launch_bounds__(AT_TILE) attn_split_kernel(float *part, const float *q, const void *kc,
+__global__ void __launch_bounds__(AT_TILE) attn_split_kernel(float *part, const float *q, int ldq, const void *kc,
                                                              const void *vc, const int *d_pos, int n, int nh, int nkv,
                                                              int cap, float scale, int splits, int qb) {
-    constexpr int U = HD / AT_TILE; /* dims per thread in the accumulation */
+    constexpr int U = HD / AT_TILE;        /* dims per thread when summing values */
+    constexpr int DPL = HD / 16;           /* dims per lane when scoring: a half-warp holds a row */
+    constexpr int PPW = AT_TILE / 4;       /* positions per warp per tile */
+    constexpr int UNR = HD == 128 ? 4 : 2; /* row pairs loaded before they are used */
     __shared__ __align__(16) float qs[AT_MAXR * HD];
     __shared__ float S[AT_MAXR * AT_TILE];
     __shared__ float m_s[AT_MAXR], l_s[AT_MAXR], al_s[AT_MAXR];
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int hw = lane >> 4, hl = lane & 15;
     const int gqa = nh / nkv, pos0 = *d_pos, i0 = blockIdx.z * qb;
     const int nt = n - i0 < qb ? n - i0 : qb, R = gqa * nt;
     const int L = pos0 + i0 + nt; /* positions the chunk's last token sees */
     int per = (L + splits - 1) / splits;
     per = (per + AT_TILE - 1) / AT_TILE * AT_TILE;
     const int j0 = sp * per, j1 = j0 + per < L ? j0 + per : L;
+    float *pacc = part, *pml = part + (size_t)n * nh * splits * HD;
     /* row r = token i0 + r / gqa, query head h * gqa + r % gqa */
+    if (j0 >= j1) {
+        /* an empty split (a short context): m = -inf, l = 0, which the
+         * combine skips without reading its sums */
+        if (tid < R) {
+            const size_t at = ((size_t)(i0 + tid / gqa) * nh + h * gqa + tid % gqa) * splits + sp;
+            pml[2 * at] = -INFINITY, pml[2 * at + 1] = 0;
+        }
+        return;
+    }
     for (int e = tid; e < R * HD; e += AT_TILE) {
         const int r = e / HD, d = e % HD;
-        qs[e] = q[((size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa) * HD + d] * scale;
+        qs[e] = q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] * scale;
     }
     if (tid < AT_MAXR) m_s[tid] = -INFINITY, l_s[tid] = 0, al_s[tid] = 1;
     float acc[AT_MAXR][U];
@@ -79,29 +103,41 @@ __global__ void __launch_bounds__(AT_TILE) attn_split_kernel(float *part, const 
     const char *K = (const char *)kc + (size_t)h * cap * row_bytes, *V = (const char *)vc + (size_t)h * cap * row_bytes;
     __syncthreads();
     for (int tile = j0; tile < j1; tile += AT_TILE) {
-        const int j = tile + tid;
-        float s[AT_MAXR];
+        /* scores: warp w takes the tile's positions w * 32 .., two at a
+         * time, one per half-warp, each lane DPL dims of the row; the
+         * half-warp's partial sums meet by shuffles */
+        for (int k0 = 0; k0 < PPW; k0 += 2 * UNR) {
+            float kr[UNR][DPL];
 #pragma unroll
-        for (int r = 0; r < AT_MAXR; r++) s[r] = 0;
-        if (j < j1) {
-            const void *row = K + (size_t)j * row_bytes;
-            for (int d = 0; d < HD; d += 8) {
-                float k[8];
-                row8<F16>(row, d, k);
+            for (int u = 0; u < UNR; u++) {
+                const int j = tile + warp * PPW + k0 + 2 * u + hw;
+                if (j < j1) row_load<F16, DPL>(K + (size_t)j * row_bytes, hl * DPL, kr[u]);
+                else
+#pragma unroll
+                    for (int e = 0; e < DPL; e++) kr[u][e] = 0;
+            }
+#pragma unroll
+            for (int u = 0; u < UNR; u++) {
+                const int jl = warp * PPW + k0 + 2 * u + hw, j = tile + jl;
 #pragma unroll
                 for (int r = 0; r < AT_MAXR; r++)
                     if (r < R) {
-                        const float4 a = *(const float4 *)(qs + r * HD + d), b = *(const float4 *)(qs + r * HD + d + 4);
-                        float t = s[r];
-                        t = fmaf(a.x, k[0], t), t = fmaf(a.y, k[1], t), t = fmaf(a.z, k[2], t), t = fmaf(a.w, k[3], t);
-                        t = fmaf(b.x, k[4], t), t = fmaf(b.y, k[5], t), t = fmaf(b.z, k[6], t), t = fmaf(b.w, k[7], t);
-                        s[r] = t;
+                        const float *qq = qs + r * HD + hl * DPL;
+                        float t = 0;
+#pragma unroll
+                        for (int e = 0; e < DPL; e += 4) {
+                            const float4 a = *(const float4 *)(qq + e);
+                            t = fmaf(a.x, kr[u][e], t), t = fmaf(a.y, kr[u][e + 1], t);
+                            t = fmaf(a.z, kr[u][e + 2], t), t = fmaf(a.w, kr[u][e + 3], t);
+                        }
+                        t += __shfl_xor_sync(0xffffffffu, t, 8);
+                        t += __shfl_xor_sync(0xffffffffu, t, 4);
+                        t += __shfl_xor_sync(0xffffffffu, t, 2);
+                        t += __shfl_xor_sync(0xffffffffu, t, 1);
+                        if (hl == 0) S[r * AT_TILE + jl] = j < j1 && j <= pos0 + i0 + r / gqa ? t : -INFINITY;
                     }
             }
         }
-#pragma unroll
-        for (int r = 0; r < AT_MAXR; r++)
-            if (r < R) S[r * AT_TILE + tid] = j < j1 && j <= pos0 + i0 + r / gqa ? s[r] : -INFINITY;
         __syncthreads();
         /* online softmax, one warp per row */
         for (int r = warp; r < R; r += AT_TILE / 32) {
@@ -128,6 +164,7 @@ __global__ void __launch_bounds__(AT_TILE) attn_split_kernel(float *part, const 
             if (lane == 0) m_s[r] = mnew, l_s[r] = l_s[r] * alpha + sum, al_s[r] = alpha;
         }
         __syncthreads();
+        /* values: thread t sums dims t (and t + 128) of every row */
 #pragma unroll
         for (int r = 0; r < AT_MAXR; r++)
             if (r < R)
@@ -135,7 +172,7 @@ __global__ void __launch_bounds__(AT_TILE) attn_split_kernel(float *part, const 
                 for (int u = 0; u < U; u++) acc[r][u] *= al_s[r];
         const int cnt = j1 - tile < AT_TILE ? j1 - tile : AT_TILE;
         for (int jj = 0; jj < cnt; jj++) {
-            const void *row = V + (size_t)(tile + jj) * row_bytes;
+            const char *row = V + (size_t)(tile + jj) * row_bytes;
             float vv[U];
 #pragma unroll
             for (int u = 0; u < U; u++) vv[u] = at1<F16>(row, tid + AT_TILE * u);
@@ -149,7 +186,6 @@ __global__ void __launch_bounds__(AT_TILE) attn_split_kernel(float *part, const 
         }
         __syncthreads();
     }
-    float *pacc = part, *pml = part + (size_t)n * nh * splits * HD;
 #pragma unroll
     for (int r = 0; r < AT_MAXR; r++)
         if (r < R) {
@@ -188,22 +224,23 @@ static int tokens_per_block(int nh, int nkv) {
 
 extern "C" int cuda_attn_splits(int n, int nh, int nkv, int cap, int sm_count) {
     const int qb = tokens_per_block(nh, nkv), chunks = (n + qb - 1) / qb;
-    /* two blocks per SM, no split shorter than a tile, at most 64 */
-    int s = (2 * sm_count + nkv * chunks - 1) / (nkv * chunks);
+    /* eight blocks per SM, so that enough loads are in flight; no split
+     * shorter than a tile; at most 256 */
+    int s = (8 * sm_count + nkv * chunks - 1) / (nkv * chunks);
     const int most = (cap + AT_TILE - 1) / AT_TILE;
     s = s > most ? most : s;
-    s = s > 64 ? 64 : s;
+    s = s > 256 ? 256 : s;
     return s < 1 ? 1 : s;
 }
 
-extern "C" void cuda_attention(float *d_out, const float *d_q, const void *d_kc, const void *d_vc, int f16,
+extern "C" void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int f16,
                                const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
                                int splits) {
     const int qb = tokens_per_block(nh, nkv);
     const dim3 g(nkv, splits, (n + qb - 1) / qb);
 #define LAUNCH(HD, F)                                                                                                  \
-    attn_split_kernel<HD, F><<<g, AT_TILE, 0, g_stream>>>(d_part, d_q, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale,     \
-                                                         splits, qb)
+    attn_split_kernel<HD, F><<<g, AT_TILE, 0, g_stream>>>(d_part, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap,       \
+                                                         scale, splits, qb)
     if (hd == 128 && f16) LAUNCH(128, true);
     else if (hd == 128) LAUNCH(128, false);
     else if (f16) LAUNCH(256, true);

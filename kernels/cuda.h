@@ -84,14 +84,14 @@ void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, const float *d
  * qn / kn [hd] and NeoX-roped over its first rot dims with the tables
  * cs / sn [positions, rot / 2] (rmsnorm, rope); the keys and v [n, nkv, hd]
  * then stored at slot pos + i of the caches kc, vc [nkv, cap, hd] (f32,
- * or f16 rounded to nearest even when f16). */
-void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, const float *d_qn, const float *d_kn,
-                        const float *d_cs, const float *d_sn, void *d_kc, void *d_vc, int f16, const int *d_pos,
-                        int n, int nh, int nkv, int hd, int rot, int cap, float eps);
-/* a[j] = silu(a[j]) * b[j], j < count (swiglu_ref). */
-void cuda_swiglu(float *d_a, const float *d_b, size_t count);
-/* x[j] += y[j], j < count. */
-void cuda_add(float *d_x, const float *d_y, size_t count);
+ * or f16 rounded to nearest even when f16). Token i's rows of q, k and v
+ * start i * ld floats after their first (one q|k|v matmul's output). */
+void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, int ld, const float *d_qn,
+                        const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc, int f16,
+                        const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap, float eps);
+/* out [n, I] = silu(gu[:, :I]) * gu[:, I:] for gu [n, 2I], the gate|up
+ * matmul's output (swiglu_ref). */
+void cuda_swiglu(float *d_out, const float *d_gu, int n, int I);
 /* count bf16 values uniform in [-scale, scale] from seed (benchmarks'
  * random weights), and count f32 ones. */
 void cuda_fill_random(void *d_w, size_t count, unsigned long long seed, float scale);
@@ -100,10 +100,11 @@ void cuda_fill_ones(float *d_x, size_t count);
 void cuda_argmax(int *d_out, const float *d_x, int n, int V);
 
 /* ---- kernels/matmul.cu: twin of matmul_ref ---- */
-/* y [n, rows] = x [n, cols] W^T, W [rows, cols] of dtype, cols a multiple
- * of 8. Up to 8 rows of x stream W once (decode, verification); more go
- * through shared-memory tiles (prefill). f32 sums throughout. */
-void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int rows, int cols, int n);
+/* y [n, rows] = x [n, cols] W^T (add: y += x W^T), W [rows, cols] of
+ * dtype, cols a multiple of 8. Up to 8 rows of x stream W once (decode,
+ * verification); more go through shared-memory tiles (prefill). f32 sums
+ * throughout. */
+void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int rows, int cols, int n, int add);
 
 /* ---- attn/attn.cu: twin of attn_group_ref over f32 and f16 caches ---- */
 /* Causal attention of n tokens at positions pos .. pos + n - 1 (pos from
@@ -111,12 +112,14 @@ void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int r
  * positions 0 .. pos + n - 1: out [n, nh, hd] from q [n, nh, hd] (query
  * head h reads kv head h / (nh / nkv)). Split-K flash-decoding: each kv
  * head's positions are cut into splits, each split's partial softmax goes
- * to part (cuda_attn_part_floats), and a combine pass merges them. */
+ * to part (cuda_attn_part_floats), and a combine pass merges them.
+ * Token i's queries start i * ldq floats after the first. */
 size_t cuda_attn_part_floats(int n, int nh, int hd, int splits);
 /* Splits for n tokens over a cache of cap positions on sm_count SMs. */
 int cuda_attn_splits(int n, int nh, int nkv, int cap, int sm_count);
-void cuda_attention(float *d_out, const float *d_q, const void *d_kc, const void *d_vc, int f16, const int *d_pos,
-                    int n, int nh, int nkv, int hd, int cap, float scale, float *d_part, int splits);
+void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int f16,
+                    const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
+                    int splits);
 
 #ifdef __cplusplus
 }

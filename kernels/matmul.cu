@@ -1,17 +1,29 @@
 /* matmul.cu: the GPU twin of kernels/matmul.c's matmul_ref,
  * y [n, rows] = x [n, cols] W^T, W [rows, cols] in its stored dtype
- * (bf16, f16, f32) in device memory, x and y f32.
+ * (bf16, f16, f32) in device memory, x and y f32; or y += x W^T, the
+ * residual add that follows o_proj and down_proj done as each sum is
+ * stored (the CPU adds the same sum to the same value).
  *
  * Decode and verification (n <= 8) are bound by reading W once: one warp
  * per row of W, each lane 16 bytes of it per step (8 bf16 or f16, 4 f32)
  * against the same columns of every row of x (which stays in L1/L2), the
- * n sums in registers and a shuffle tree at the end. Prefill (n > 8) goes
- * through 64 x 64 output tiles staged in shared memory 16 columns at a
- * time, each thread a 4 x 4 block of outputs.
+ * n sums in registers and a shuffle tree at the end.
+ *
+ * Prefill (n > 8) of bf16 weights runs on the tensor cores (WMMA, bf16
+ * inputs, f32 sums) without giving up f32 inputs: each x is split into
+ * three bf16 parts, x = hi + mid + lo exactly (8 + 8 + 8 bits of
+ * mantissa), and W is multiplied by each, products of bf16 being exact in
+ * f32 (the "bf16x3" of Henry, Tang and Heinecke, "Leveraging the bfloat16
+ * Artificial Intelligence Datatype For Higher-Precision Computations",
+ * 2019). Other dtypes, and shapes off its 64 x 64 x 32 tiles, go through
+ * f32 tiles staged in shared memory, each thread a 4 x 4 block of outputs.
  *
  * Every product is the C reference's (the widening is exact); the order of
  * the f32 sums differs, so results agree to rounding, not to the bit.
  */
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include "kernels/cuda.h"
 #include "kernels/cuda_common.cuh"
 
@@ -41,7 +53,8 @@ template <int DT> __device__ __forceinline__ void load8(const void *W, size_t at
     }
 }
 
-template <int DT, int NT> __global__ void gemv_kernel(float *y, const float *x, const void *W, int rows, int cols) {
+template <int DT, int NT>
+__global__ void gemv_kernel(float *y, const float *x, const void *W, int rows, int cols, int add) {
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -66,14 +79,15 @@ template <int DT, int NT> __global__ void gemv_kernel(float *y, const float *x, 
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float s = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * rows + r] = s;
+        if (lane == 0) y[(size_t)t * rows + r] = add ? __fadd_rn(y[(size_t)t * rows + r], s) : s;
     }
 }
 
 /* Tiles of 64 tokens x 64 rows of W, 16 columns per stage; thread (tx,
  * ty) of 16 x 16 owns rows r0 + 4 tx .. + 3 of tokens t0 + 4 ty .. + 3.
  * Shared rows are padded by one word against bank conflicts. */
-template <int DT> __global__ void gemm_kernel(float *y, const float *x, const void *W, int rows, int cols, int n) {
+template <int DT>
+__global__ void gemm_kernel(float *y, const float *x, const void *W, int rows, int cols, int n, int add) {
     __shared__ float xs[16][64 + 1], ws[16][64 + 1];
     const int t0 = blockIdx.y * 64, r0 = blockIdx.x * 64;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -102,35 +116,119 @@ template <int DT> __global__ void gemm_kernel(float *y, const float *x, const vo
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int t = t0 + ty * 4 + i, r = r0 + tx * 4 + j;
-            if (t < n && r < rows) y[(size_t)t * rows + r] = acc[i][j];
+            if (t < n && r < rows) y[(size_t)t * rows + r] = add ? __fadd_rn(y[(size_t)t * rows + r], acc[i][j]) : acc[i][j];
         }
 }
 
-template <int DT> static void gemv(float *y, const float *x, const void *W, int rows, int cols, int n) {
-    const dim3 g((rows + GEMV_WARPS - 1) / GEMV_WARPS), b(32 * GEMV_WARPS);
-    switch (n) {
-    case 1: gemv_kernel<DT, 1><<<g, b, 0, g_stream>>>(y, x, W, rows, cols); break;
-    case 2: gemv_kernel<DT, 2><<<g, b, 0, g_stream>>>(y, x, W, rows, cols); break;
-    case 3: gemv_kernel<DT, 3><<<g, b, 0, g_stream>>>(y, x, W, rows, cols); break;
-    case 4: gemv_kernel<DT, 4><<<g, b, 0, g_stream>>>(y, x, W, rows, cols); break;
-    case 5: gemv_kernel<DT, 5><<<g, b, 0, g_stream>>>(y, x, W, rows, cols); break;
-    case 6: gemv_kernel<DT, 6><<<g, b, 0, g_stream>>>(y, x, W, rows, cols); break;
-    case 7: gemv_kernel<DT, 7><<<g, b, 0, g_stream>>>(y, x, W, rows, cols); break;
-    default: gemv_kernel<DT, 8><<<g, b, 0, g_stream>>>(y, x, W, rows, cols); break;
+#define TC_BM 64  /* tokens per block */
+#define TC_BN 64  /* rows of W per block */
+#define TC_BK 32  /* columns per stage */
+#define TC_LD 40  /* bf16 per shared row: 32 + 16 bytes against bank conflicts */
+#define TC_CLD 36 /* floats per row of a warp's staged outputs */
+
+/* Block of 4 warps: warp (wm, wn) owns tokens t0 + 32 wm .. and rows
+ * r0 + 32 wn .. as 2 x 2 fragments of 16 x 16. Per stage the block splits
+ * 64 x 32 of x into As[0..2] and copies 64 x 32 of W into Bs; x rows past
+ * n are zeros and their outputs are not stored. */
+__global__ void __launch_bounds__(128) gemm_bf16x3_kernel(float *y, const float *x, const uint16_t *W, int rows,
+                                                          int cols, int n, int add) {
+    using namespace nvcuda;
+    __shared__ __align__(32) __nv_bfloat16 As[3][TC_BM][TC_LD];
+    __shared__ __align__(32) __nv_bfloat16 Bs[TC_BN][TC_LD];
+    __shared__ __align__(32) float Cs[4][32][TC_CLD];
+    const int t0 = blockIdx.y * TC_BM, r0 = blockIdx.x * TC_BN;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int k0 = 0; k0 < cols; k0 += TC_BK) {
+        for (int e = threadIdx.x; e < TC_BM * TC_BK / 4; e += 128) {
+            const int tt = e / (TC_BK / 4), c = (e % (TC_BK / 4)) * 4;
+            float4 v = make_float4(0, 0, 0, 0);
+            if (t0 + tt < n) v = *(const float4 *)(x + (size_t)(t0 + tt) * cols + k0 + c);
+            const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                /* each subtraction is exact: the parts sum to f */
+                const __nv_bfloat16 hi = __float2bfloat16_rn(f[i]);
+                const float r1 = f[i] - __bfloat162float(hi);
+                const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+                As[0][tt][c + i] = hi;
+                As[1][tt][c + i] = mid;
+                As[2][tt][c + i] = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+            }
+        }
+        for (int e = threadIdx.x; e < TC_BN * TC_BK / 8; e += 128) {
+            const int rr = e / (TC_BK / 8), c = (e % (TC_BK / 8)) * 8;
+            *(uint4 *)&Bs[rr][c] = __ldcs((const uint4 *)(W + (size_t)(r0 + rr) * cols + k0 + c));
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TC_BK; kk += 16) {
+            /* B = W^T: column j of B is row j of W, so Bs read col-major */
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], &Bs[wn * 32 + j * 16][kk], TC_LD);
+#pragma unroll
+            for (int p = 0; p < 3; p++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                    wmma::load_matrix_sync(a, &As[p][wm * 32 + i * 16][kk], TC_LD);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a, b[j], acc[i][j]);
+                }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&Cs[warp][i * 16][j * 16], acc[i][j], TC_CLD, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 32 * 32; e += 32) {
+        const int t = t0 + wm * 32 + e / 32, r = r0 + wn * 32 + e % 32;
+        if (t < n) {
+            const float v = Cs[warp][e / 32][e % 32];
+            y[(size_t)t * rows + r] = add ? __fadd_rn(y[(size_t)t * rows + r], v) : v;
+        }
     }
 }
 
-extern "C" void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int rows, int cols, int n) {
+template <int DT> static void gemv(float *y, const float *x, const void *W, int rows, int cols, int n, int add) {
+    const dim3 g((rows + GEMV_WARPS - 1) / GEMV_WARPS), b(32 * GEMV_WARPS);
+    switch (n) {
+    case 1: gemv_kernel<DT, 1><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
+    case 2: gemv_kernel<DT, 2><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
+    case 3: gemv_kernel<DT, 3><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
+    case 4: gemv_kernel<DT, 4><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
+    case 5: gemv_kernel<DT, 5><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
+    case 6: gemv_kernel<DT, 6><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
+    case 7: gemv_kernel<DT, 7><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
+    default: gemv_kernel<DT, 8><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
+    }
+}
+
+extern "C" void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int rows, int cols, int n,
+                            int add) {
     if (n <= GEMV_MAX_N) {
-        if (dtype == CUDA_BF16) gemv<CUDA_BF16>(d_y, d_x, d_W, rows, cols, n);
-        else if (dtype == CUDA_F16) gemv<CUDA_F16>(d_y, d_x, d_W, rows, cols, n);
-        else gemv<CUDA_F32>(d_y, d_x, d_W, rows, cols, n);
+        if (dtype == CUDA_BF16) gemv<CUDA_BF16>(d_y, d_x, d_W, rows, cols, n, add);
+        else if (dtype == CUDA_F16) gemv<CUDA_F16>(d_y, d_x, d_W, rows, cols, n, add);
+        else gemv<CUDA_F32>(d_y, d_x, d_W, rows, cols, n, add);
         cuda_note("matmul (gemv)");
         return;
     }
     const dim3 g((rows + 63) / 64, (n + 63) / 64);
-    if (dtype == CUDA_BF16) gemm_kernel<CUDA_BF16><<<g, 256, 0, g_stream>>>(d_y, d_x, d_W, rows, cols, n);
-    else if (dtype == CUDA_F16) gemm_kernel<CUDA_F16><<<g, 256, 0, g_stream>>>(d_y, d_x, d_W, rows, cols, n);
-    else gemm_kernel<CUDA_F32><<<g, 256, 0, g_stream>>>(d_y, d_x, d_W, rows, cols, n);
+    if (dtype == CUDA_BF16 && rows % TC_BN == 0 && cols % TC_BK == 0) {
+        gemm_bf16x3_kernel<<<g, 128, 0, g_stream>>>(d_y, d_x, (const uint16_t *)d_W, rows, cols, n, add);
+        cuda_note("matmul (tensor cores)");
+        return;
+    }
+    if (dtype == CUDA_BF16) gemm_kernel<CUDA_BF16><<<g, 256, 0, g_stream>>>(d_y, d_x, d_W, rows, cols, n, add);
+    else if (dtype == CUDA_F16) gemm_kernel<CUDA_F16><<<g, 256, 0, g_stream>>>(d_y, d_x, d_W, rows, cols, n, add);
+    else gemm_kernel<CUDA_F32><<<g, 256, 0, g_stream>>>(d_y, d_x, d_W, rows, cols, n, add);
     cuda_note("matmul (tiled)");
 }

@@ -3,8 +3,8 @@
  *
  * Data flow (model/gpu.c, per layer): rmsnorm -> matmul q|k|v ->
  * cuda_qk_rope_store (q in place, k and v into the cache) -> attention ->
- * matmul o -> add -> rmsnorm -> matmul gate|up -> swiglu -> matmul down ->
- * add. Each block works on one row (or one head of one token).
+ * matmul o + residual -> rmsnorm -> matmul gate|up -> swiglu -> matmul
+ * down + residual. Each block works on one row (or one head of one token).
  *
  * The arithmetic is the C reference's, operation for operation: sums of
  * squares in double, products and differences rounded one at a time
@@ -65,14 +65,14 @@ extern "C" void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, con
  * h < nh are queries (normed, roped, written back in place); the others
  * are kv head h - nh: its key normed and roped, then key and value stored
  * in the caches at slot pos + i. */
-__global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, const float *qn, const float *kn,
-                                     const float *cs, const float *sn, void *kc, void *vc, int f16, const int *d_pos,
-                                     int nh, int nkv, int hd, int rot, int cap, float eps) {
+__global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, int ld, const float *qn,
+                                     const float *kn, const float *cs, const float *sn, void *kc, void *vc, int f16,
+                                     const int *d_pos, int nh, int nkv, int hd, int rot, int cap, float eps) {
     __shared__ double sh[32];
     __shared__ float buf[512];
     const int i = blockIdx.x, h = blockIdx.y, t = threadIdx.x, half = rot / 2;
     const int pos = *d_pos + i, is_q = h < nh, kh = h - nh;
-    const float *src = is_q ? q + ((size_t)i * nh + h) * hd : k + ((size_t)i * nkv + kh) * hd;
+    const float *src = is_q ? q + (size_t)i * ld + (size_t)h * hd : k + (size_t)i * ld + (size_t)kh * hd;
     const float x = src[t];
     const double ss = block_sum_d((double)x * x, sh);
     const float inv = (float)(1.0 / sqrt(ss / hd + (double)eps));
@@ -86,11 +86,11 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
         y = t < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
     }
     if (is_q) {
-        q[((size_t)i * nh + h) * hd + t] = y;
+        q[(size_t)i * ld + (size_t)h * hd + t] = y;
         return;
     }
     const size_t slot = ((size_t)kh * cap + pos) * hd + t;
-    const float vv = v[((size_t)i * nkv + kh) * hd + t];
+    const float vv = v[(size_t)i * ld + (size_t)kh * hd + t];
     if (f16) {
         ((__half *)kc)[slot] = __float2half_rn(y);
         ((__half *)vc)[slot] = __float2half_rn(vv);
@@ -100,18 +100,21 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, c
     }
 }
 
-extern "C" void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, const float *d_qn,
+extern "C" void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, int ld, const float *d_qn,
                                    const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc,
                                    int f16, const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap,
                                    float eps) {
-    qk_rope_store_kernel<<<dim3(n, nh + nkv), hd, 0, g_stream>>>(d_q, d_k, d_v, d_qn, d_kn, d_cs, d_sn, d_kc, d_vc,
-                                                                   f16, d_pos, nh, nkv, hd, rot, cap, eps);
+    qk_rope_store_kernel<<<dim3(n, nh + nkv), hd, 0, g_stream>>>(d_q, d_k, d_v, ld, d_qn, d_kn, d_cs, d_sn, d_kc,
+                                                                   d_vc, f16, d_pos, nh, nkv, hd, rot, cap, eps);
     cuda_note("q/k norm + RoPE + KV store");
 }
 
-__global__ void swiglu_kernel(float *a, const float *b, size_t count) {
-    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x)
-        a[j] = __fmul_rn(__fdiv_rn(a[j], __fadd_rn(1.0f, expf(-a[j]))), b[j]);
+__global__ void swiglu_kernel(float *out, const float *gu, int I, size_t count) {
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t row = j / I, c = j % I;
+        const float a = gu[row * 2 * I + c], b = gu[row * 2 * I + I + c];
+        out[j] = __fmul_rn(__fdiv_rn(a, __fadd_rn(1.0f, expf(-a))), b);
+    }
 }
 
 static int grid_for(size_t count) {
@@ -119,19 +122,10 @@ static int grid_for(size_t count) {
     return g > 4096 ? 4096 : g < 1 ? 1 : (int)g;
 }
 
-extern "C" void cuda_swiglu(float *d_a, const float *d_b, size_t count) {
-    swiglu_kernel<<<grid_for(count), 256, 0, g_stream>>>(d_a, d_b, count);
+extern "C" void cuda_swiglu(float *d_out, const float *d_gu, int n, int I) {
+    const size_t count = (size_t)n * I;
+    swiglu_kernel<<<grid_for(count), 256, 0, g_stream>>>(d_out, d_gu, I, count);
     cuda_note("swiglu");
-}
-
-__global__ void add_kernel(float *x, const float *y, size_t count) {
-    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x)
-        x[j] = __fadd_rn(x[j], y[j]);
-}
-
-extern "C" void cuda_add(float *d_x, const float *d_y, size_t count) {
-    add_kernel<<<grid_for(count), 256, 0, g_stream>>>(d_x, d_y, count);
-    cuda_note("residual add");
 }
 
 /* splitmix64 of (seed, index): bf16 of a uniform value in [-scale, scale]. */

@@ -7,11 +7,14 @@
  * operations is model.c's, so that the CPU path is the reference for every
  * number here.
  *
+ * A layer's q, k and v matrices sit one after the other, as do gate and
+ * up, so that each group is one matmul launch reading them in one pass.
+ *
  *   device scratch      shape
  *   x, xb               [GPU_BATCH, H]      residual stream, normed copy
- *   q, att              [GPU_BATCH, nh*hd]  queries, attention output
- *   k, v                [GPU_BATCH, nkv*hd] this step's keys and values
- *   hb, hb2             [GPU_BATCH, ffn]    MLP gate and up
+ *   qkv                 [GPU_BATCH, nh*hd + 2*nkv*hd]  q | k | v per token
+ *   att                 [GPU_BATCH, nh*hd]  attention output
+ *   gu, hb              [GPU_BATCH, 2*ffn], [GPU_BATCH, ffn]  MLP gate | up, swiglu
  *   logits              [GPU_BATCH, V]
  *   cat                 [GPU_BATCH, 2H]     MTP input
  *   part                attention splits (attn/attn.cu)
@@ -83,7 +86,7 @@ typedef struct {
 
 typedef struct {
     float *in_norm, *post_norm, *q_norm, *k_norm;
-    DevW wq, wk, wv, wo, wg, wu, wd;
+    DevW wqkv, wo, wgu, wd; /* [nh*hd + 2*nkv*hd, H], [H, nh*hd], [2*ffn, H], [H, ffn] */
 } DevLayer;
 
 struct GpuModel {
@@ -102,7 +105,7 @@ struct GpuModel {
     double *inv_freq;
     float rope_mscale;
     /* scratch (above) */
-    float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits, *cat, *part;
+    float *x, *xb, *qkv, *att, *gu, *hb, *logits, *cat, *part;
     int *tokens, *pos;
     size_t part_floats;
     /* RoPE tables [rope_cap, rot/2], grown by gpu_kv_init */
@@ -141,11 +144,32 @@ static void *arena_take(GpuModel *g, size_t bytes) {
     return p;
 }
 
+/* Matrices w[0..count) of one dtype and width, stacked as one [sum of
+ * rows, cols] matrix in the arena. */
+static int up_stacked(GpuModel *g, const Weight *const *w, int count, DevW *d, const char *name, char *err,
+                      size_t errlen) {
+    int rows = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < count; i++) {
+        if (w[i]->dtype != w[0]->dtype || w[i]->cols != w[0]->cols) {
+            snprintf(err, errlen, "-dev cuda: %s: the matrices a matmul reads together differ in dtype or width", name);
+            return -1;
+        }
+        rows += w[i]->rows;
+        bytes += (size_t)w[i]->rows * w[i]->cols * dtype_size(w[i]->dtype);
+    }
+    char *p = arena_take(g, bytes);
+    *d = (DevW){p, dtype_code(w[0]->dtype), rows, w[0]->cols};
+    for (int i = 0; i < count; i++) {
+        const size_t b = (size_t)w[i]->rows * w[i]->cols * dtype_size(w[i]->dtype);
+        if (cuda_upload(p, w[i]->data, b, name, err, errlen)) return -1;
+        p += b;
+    }
+    return 0;
+}
+
 static int up_weight(GpuModel *g, const Weight *w, DevW *d, const char *name, char *err, size_t errlen) {
-    const size_t bytes = (size_t)w->rows * w->cols * dtype_size(w->dtype);
-    void *p = arena_take(g, bytes);
-    *d = (DevW){p, dtype_code(w->dtype), w->rows, w->cols};
-    return cuda_upload(p, w->data, bytes, name, err, errlen);
+    return up_stacked(g, &w, 1, d, name, err, errlen);
 }
 
 static int up_vec(GpuModel *g, const float *v, int n, float **d, const char *name, char *err, size_t errlen) {
@@ -157,6 +181,7 @@ static int layer_bytes(const Config *c, const Layer *L, const char *name, size_t
     const Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
     for (int i = 0; i < 7; i++)
         if (weight_fits(w[i], name, total, err, errlen)) return -1;
+    /* plus the alignment the stacks do not need: an upper bound */
     *total += 2 * align256((size_t)c->hidden * 4) + 2 * align256((size_t)c->head_dim * 4);
     return 0;
 }
@@ -167,9 +192,9 @@ static int up_layer(GpuModel *g, const Layer *L, DevLayer *d, const char *name, 
            up_vec(g, L->post_norm, c->hidden, &d->post_norm, name, err, errlen) ||
            up_vec(g, L->q_norm, c->head_dim, &d->q_norm, name, err, errlen) ||
            up_vec(g, L->k_norm, c->head_dim, &d->k_norm, name, err, errlen) ||
-           up_weight(g, &L->wq, &d->wq, name, err, errlen) || up_weight(g, &L->wk, &d->wk, name, err, errlen) ||
-           up_weight(g, &L->wv, &d->wv, name, err, errlen) || up_weight(g, &L->wo, &d->wo, name, err, errlen) ||
-           up_weight(g, &L->wg, &d->wg, name, err, errlen) || up_weight(g, &L->wu, &d->wu, name, err, errlen) ||
+           up_stacked(g, (const Weight *[]){&L->wq, &L->wk, &L->wv}, 3, &d->wqkv, name, err, errlen) ||
+           up_weight(g, &L->wo, &d->wo, name, err, errlen) ||
+           up_stacked(g, (const Weight *[]){&L->wg, &L->wu}, 2, &d->wgu, name, err, errlen) ||
            up_weight(g, &L->wd, &d->wd, name, err, errlen);
 }
 
@@ -187,18 +212,16 @@ static int open_common(GpuModel *g, char *err, size_t errlen) {
         const size_t f = cuda_attn_part_floats(n, c->n_heads, c->head_dim, s);
         if (f > g->part_floats) g->part_floats = f;
     }
-    const size_t floats = 2 * B * H + 2 * B * qd + 2 * B * kvd + 2 * B * c->ffn + B * c->vocab_size + 2 * B * H +
+    const size_t floats = 2 * B * H + B * (2 * qd + 2 * kvd) + 3 * B * c->ffn + B * c->vocab_size + 2 * B * H +
                           g->part_floats;
     float *s = cuda_alloc(floats * sizeof(float) + (B + 1) * sizeof(int), "the activations' scratch", err, errlen);
     if (!s) return -1;
     g->x = s, s += B * H;
     g->xb = s, s += B * H;
-    g->q = s, s += B * qd;
+    g->qkv = s, s += B * (qd + 2 * kvd);
     g->att = s, s += B * qd;
-    g->k = s, s += B * kvd;
-    g->v = s, s += B * kvd;
+    g->gu = s, s += 2 * B * c->ffn;
     g->hb = s, s += B * c->ffn;
-    g->hb2 = s, s += B * c->ffn;
     g->logits = s, s += B * c->vocab_size;
     g->cat = s, s += 2 * B * H;
     g->part = s, s += g->part_floats;
@@ -278,9 +301,8 @@ int gpu_model_random(GpuModel **out, const Config *c, unsigned long long seed, c
     if (open_common(g, err, errlen)) goto fail;
     const size_t H = c->hidden, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     const size_t V = c->vocab_size, I = c->ffn;
-    const size_t per_layer = align256(qd * H * 2) + 2 * align256(kvd * H * 2) + align256(H * qd * 2) +
-                             2 * align256(I * H * 2) + align256(H * I * 2) + 2 * align256(H * 4) +
-                             2 * align256((size_t)c->head_dim * 4);
+    const size_t per_layer = align256((qd + 2 * kvd) * H * 2) + align256(H * qd * 2) + align256(2 * I * H * 2) +
+                             align256(H * I * 2) + 2 * align256(H * 4) + 2 * align256((size_t)c->head_dim * 4);
     const size_t total = align256(V * H * 2) * (c->tie_embeddings ? 1 : 2) + align256(H * 4) + per_layer * c->n_layers;
     if (!(g->arena = cuda_alloc(total, "the weights", err, errlen))) goto fail;
     g->arena_bytes = total;
@@ -306,12 +328,9 @@ int gpu_model_random(GpuModel **out, const Config *c, unsigned long long seed, c
         ONES(d->post_norm, H);
         ONES(d->q_norm, c->head_dim);
         ONES(d->k_norm, c->head_dim);
-        RAND_W(d->wq, qd, H);
-        RAND_W(d->wk, kvd, H);
-        RAND_W(d->wv, kvd, H);
+        RAND_W(d->wqkv, qd + 2 * kvd, H);
         RAND_W(d->wo, H, qd);
-        RAND_W(d->wg, I, H);
-        RAND_W(d->wu, I, H);
+        RAND_W(d->wgu, 2 * I, H);
         RAND_W(d->wd, H, I);
     }
 #undef RAND_W
@@ -415,28 +434,29 @@ int gpu_kv_fill_random(KVCache *kv, int n, unsigned long long seed, char *err, s
     return cuda_sync("filling the cache", err, errlen);
 }
 
+/* y (+)= x W^T for a device matrix. */
+static void mm(float *y, const float *x, const DevW *w, int n, int add) {
+    cuda_matmul(y, x, w->d, w->dtype, w->rows, w->cols, n, add);
+}
+
 /* One decoder layer on n tokens of g->x, its K and V into cache layer cl. */
 static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, int splits) {
     const Config *c = &g->cfg;
     const int H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    const int qd = nh * hd, ld = qd + 2 * nkv * hd;
     const float eps = (float)c->eps;
     char *kc = d->k + d->layer_bytes * cl, *vc = d->v + d->layer_bytes * cl;
     cuda_rmsnorm(g->xb, H, g->x, H, L->in_norm, n, H, eps);
-    cuda_matmul(g->q, g->xb, L->wq.d, L->wq.dtype, L->wq.rows, L->wq.cols, n);
-    cuda_matmul(g->k, g->xb, L->wk.d, L->wk.dtype, L->wk.rows, L->wk.cols, n);
-    cuda_matmul(g->v, g->xb, L->wv.d, L->wv.dtype, L->wv.rows, L->wv.cols, n);
-    cuda_qk_rope_store(g->q, g->k, g->v, L->q_norm, L->k_norm, g->cs, g->sn, kc, vc, d->f16, g->pos, n, nh, nkv, hd,
-                       c->rot_dim, d->cap, eps);
-    cuda_attention(g->att, g->q, kc, vc, d->f16, g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd), g->part,
-                   splits);
-    cuda_matmul(g->xb, g->att, L->wo.d, L->wo.dtype, L->wo.rows, L->wo.cols, n);
-    cuda_add(g->x, g->xb, (size_t)n * H);
+    mm(g->qkv, g->xb, &L->wqkv, n, 0);
+    cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn, kc, vc,
+                       d->f16, g->pos, n, nh, nkv, hd, c->rot_dim, d->cap, eps);
+    cuda_attention(g->att, g->qkv, ld, kc, vc, d->f16, g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd),
+                   g->part, splits);
+    mm(g->x, g->att, &L->wo, n, 1);
     cuda_rmsnorm(g->xb, H, g->x, H, L->post_norm, n, H, eps);
-    cuda_matmul(g->hb, g->xb, L->wg.d, L->wg.dtype, L->wg.rows, L->wg.cols, n);
-    cuda_matmul(g->hb2, g->xb, L->wu.d, L->wu.dtype, L->wu.rows, L->wu.cols, n);
-    cuda_swiglu(g->hb, g->hb2, (size_t)n * c->ffn);
-    cuda_matmul(g->xb, g->hb, L->wd.d, L->wd.dtype, L->wd.rows, L->wd.cols, n);
-    cuda_add(g->x, g->xb, (size_t)n * H);
+    mm(g->gu, g->xb, &L->wgu, n, 0);
+    cuda_swiglu(g->hb, g->gu, n, c->ffn);
+    mm(g->x, g->hb, &L->wd, n, 1);
 }
 
 /* The main model on n tokens already in g->tokens at g->pos: hidden states
@@ -448,9 +468,7 @@ static void forward_dev(GpuModel *g, GpuKV *d, int n, int lg_rows) {
     cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, n, H);
     for (int l = 0; l < c->n_layers; l++) layer_run(g, &g->layers[l], d, l, n, splits);
     cuda_rmsnorm(g->xb, H, g->x, H, g->final_norm, n, H, (float)c->eps);
-    if (lg_rows)
-        cuda_matmul(g->logits, g->xb + (size_t)(n - lg_rows) * H, g->lm_head.d, g->lm_head.dtype, g->lm_head.rows,
-                    g->lm_head.cols, lg_rows);
+    if (lg_rows) mm(g->logits, g->xb + (size_t)(n - lg_rows) * H, &g->lm_head, lg_rows, 0);
 }
 
 /* Tokens and position up; the graph of n tokens (captured on first use),
@@ -513,13 +531,11 @@ int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *t
         cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, nb, H);
         cuda_rmsnorm(g->cat, 2 * H, g->x, H, g->mtp_norm_emb, nb, H, eps);
         cuda_rmsnorm(g->cat + H, 2 * H, g->xb, H, g->mtp_norm_hid, nb, H, eps);
-        cuda_matmul(g->x, g->cat, g->mtp_fc.d, g->mtp_fc.dtype, g->mtp_fc.rows, g->mtp_fc.cols, nb);
+        mm(g->x, g->cat, &g->mtp_fc, nb, 0);
         layer_run(g, &g->mtp_layer, d, 0, nb,
                   cuda_attn_splits(nb, c->n_heads, c->n_kv_heads, d->cap, g->info.sm_count));
         cuda_rmsnorm(g->xb, H, g->x, H, g->mtp_norm, nb, H, eps);
-        if (lg_rows)
-            cuda_matmul(g->logits, g->xb + (size_t)(nb - lg_rows) * H, g->lm_head.d, g->lm_head.dtype,
-                        g->lm_head.rows, g->lm_head.cols, lg_rows);
+        if (lg_rows) mm(g->logits, g->xb + (size_t)(nb - lg_rows) * H, &g->lm_head, lg_rows, 0);
         if (lg_rows && cuda_download(all_logits ? logits + (size_t)off * V : logits, g->logits,
                                      (size_t)lg_rows * V * 4, "the MTP logits", err, errlen))
             return -1;

@@ -80,52 +80,58 @@ Test(cuda, matmul_matches_matmul_ref) {
     need_gpu();
     const DType types[] = {DT_BF16, DT_F16, DT_F32};
     const int codes[] = {CUDA_BF16, CUDA_F16, CUDA_F32};
-    const int ns[] = {1, 2, 3, 5, 8, 9, 70};
-    const int shapes[][2] = {{300, 1032}, {64, 8}, {1000, 2048}};
+    const int ns[] = {1, 2, 3, 5, 8, 9, 70, 130};
+    /* 320 x 1024 and 64 x 96 take the tensor cores' tiles in bf16; the others the f32 ones */
+    const int shapes[][2] = {{300, 1032}, {64, 8}, {1000, 2048}, {320, 1024}, {64, 96}};
     for (int t = 0; t < 3; t++)
-        for (int s = 0; s < 3; s++)
-            for (int k = 0; k < 7; k++) {
+        for (int s = 0; s < 5; s++)
+            for (int k = 0; k < 8; k++) {
                 const int rows = shapes[s][0], cols = shapes[s][1], n = ns[k];
                 Weight w;
                 void *hw = rand_weight(&w, types[t], rows, cols);
                 float *x = malloc((size_t)n * cols * 4), *y = malloc((size_t)n * rows * 4),
-                      *want = malloc((size_t)n * rows * 4);
+                      *want = malloc((size_t)n * rows * 4), *y0 = malloc((size_t)n * rows * 4);
                 fill(x, n * cols);
+                fill(y0, n * rows);
                 matmul_ref(want, x, &w, n);
                 void *dw = up(hw, (size_t)rows * cols * dtype_size(types[t]));
                 float *dx = up(x, (size_t)n * cols * 4), *dy = up(NULL, (size_t)n * rows * 4);
-                cuda_matmul(dy, dx, dw, codes[t], rows, cols, n);
+                cuda_matmul(dy, dx, dw, codes[t], rows, cols, n, 0);
                 down(y, dy, (size_t)n * rows * 4);
                 double e = rel_err(y, want, (size_t)n * rows);
                 cr_expect(e <= 1e-5, "dtype %d, %d x %d, n %d: relative error %g", t, rows, cols, n, e);
+                /* the residual form: the same sums added to what y held */
+                for (size_t i = 0; i < (size_t)n * rows; i++) want[i] = y0[i] + y[i];
+                cuda_upload(dy, y0, (size_t)n * rows * 4, "y", (char[64]){0}, 64);
+                cuda_matmul(dy, dx, dw, codes[t], rows, cols, n, 1);
+                down(y, dy, (size_t)n * rows * 4);
+                cr_expect(memcmp(y, want, (size_t)n * rows * 4) == 0, "dtype %d, %d x %d, n %d: y += x W^T differs "
+                          "from y + (x W^T)", t, rows, cols, n);
                 cuda_free(dw), cuda_free(dx), cuda_free(dy);
-                free(hw), free(x), free(y), free(want);
+                free(hw), free(x), free(y), free(want), free(y0);
             }
 }
 
 Test(cuda, row_ops_match_the_c_ones) {
     need_gpu();
     const int n = 7, H = 1000;
-    float *x = malloc(n * H * 4), *w = malloc(H * 4), *b = malloc(n * H * 4), *want = malloc(n * H * 4),
+    float *x = malloc(n * H * 4), *w = malloc(H * 4), *gu = malloc(2 * n * H * 4), *want = malloc(n * H * 4),
           *got = malloc(n * H * 4);
-    fill(x, n * H), fill(w, H), fill(b, n * H);
-    float *dx = up(x, n * H * 4), *dw = up(w, H * 4), *db = up(b, n * H * 4), *dy = up(NULL, n * H * 4);
+    fill(x, n * H), fill(w, H), fill(gu, 2 * n * H);
+    float *dx = up(x, n * H * 4), *dw = up(w, H * 4), *dgu = up(gu, 2 * n * H * 4), *dy = up(NULL, n * H * 4);
     /* rmsnorm: the same double sum, so at most a last-bit difference */
     for (int i = 0; i < n; i++) rmsnorm(want + i * H, x + i * H, w, H, 1e-6f);
     cuda_rmsnorm(dy, H, dx, H, dw, n, H, 1e-6f);
     down(got, dy, n * H * 4);
     cr_expect(rel_err(got, want, n * H) <= 1e-6, "rmsnorm: %g", rel_err(got, want, n * H));
-    /* swiglu: expf on both sides, each within 2 ulp */
-    memcpy(want, x, n * H * 4);
-    swiglu_ref(want, b, n * H);
-    cuda_swiglu(dx, db, (size_t)n * H);
-    down(got, dx, n * H * 4);
+    /* swiglu on gate | up rows: expf on both sides, each within 2 ulp */
+    for (int i = 0; i < n; i++) {
+        memcpy(want + i * H, gu + 2 * i * H, H * 4);
+        swiglu_ref(want + i * H, gu + 2 * i * H + H, H);
+    }
+    cuda_swiglu(dy, dgu, n, H);
+    down(got, dy, n * H * 4);
     cr_expect(rel_err(got, want, n * H) <= 1e-6, "swiglu: %g", rel_err(got, want, n * H));
-    /* add: exact, from the same inputs */
-    for (int i = 0; i < n * H; i++) want[i] = got[i] + b[i];
-    cuda_add(dx, db, (size_t)n * H);
-    down(got, dx, n * H * 4);
-    cr_expect(memcmp(got, want, n * H * 4) == 0, "residual add differs");
     /* argmax: exact, first of equals, NaN skipped */
     x[3 * H + 10] = x[3 * H + 900] = 50;
     x[5 * H + 2] = NAN;
@@ -135,8 +141,8 @@ Test(cuda, row_ops_match_the_c_ones) {
     cuda_argmax(did, dx, n, H);
     down(ids, did, sizeof ids);
     for (int i = 0; i < n; i++) cr_expect_eq(ids[i], argmax_ref(x + i * H, H), "argmax of row %d", i);
-    cuda_free(dx), cuda_free(dw), cuda_free(db), cuda_free(dy), cuda_free(did);
-    free(x), free(w), free(b), free(want), free(got);
+    cuda_free(dx), cuda_free(dw), cuda_free(dgu), cuda_free(dy), cuda_free(did);
+    free(x), free(w), free(gu), free(want), free(got);
 }
 
 Test(cuda, embedding_rows_are_exact) {
@@ -160,35 +166,38 @@ Test(cuda, embedding_rows_are_exact) {
  * then rope on the CPU (f32 cache: to rounding; f16: the rounded bits). */
 Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
     need_gpu();
-    const int n = 3, nh = 4, nkv = 2, hd = 128, rot = 128, cap = 40, pos = 21, half = rot / 2;
+    /* one q|k|v matmul's rows [n, (nh + 2 nkv) hd], as the model has them */
+    enum { n = 3, nh = 4, nkv = 2, hd = 128, ld = (nh + 2 * nkv) * hd };
+    const int rot = 128, cap = 40, pos = 21, half = rot / 2;
     for (int f16 = 0; f16 < 2; f16++) {
-        float q[3 * 4 * 128], k[3 * 2 * 128], v[3 * 2 * 128], qn[128], kn[128];
+        float qkv[n * ld], qn[hd], kn[hd];
         float *cs = malloc((size_t)cap * half * 4), *sn = malloc((size_t)cap * half * 4);
-        fill(q, n * nh * hd), fill(k, n * nkv * hd), fill(v, n * nkv * hd), fill(qn, hd), fill(kn, hd);
+        fill(qkv, n * ld), fill(qn, hd), fill(kn, hd);
         for (int p = 0; p < cap; p++)
             for (int j = 0; j < half; j++) {
                 double a = p * pow(1e6, -2.0 * j / rot);
                 cs[p * half + j] = (float)cos(a), sn[p * half + j] = (float)sin(a);
             }
         const size_t cbytes = (size_t)nkv * cap * hd * (f16 ? 2 : 4);
-        float *dq = up(q, sizeof q), *dk = up(k, sizeof k), *dv = up(v, sizeof v), *dqn = up(qn, sizeof qn),
-              *dkn = up(kn, sizeof kn), *dcs = up(cs, (size_t)cap * half * 4), *dsn = up(sn, (size_t)cap * half * 4);
+        float *dq = up(qkv, sizeof qkv), *dqn = up(qn, sizeof qn), *dkn = up(kn, sizeof kn),
+              *dcs = up(cs, (size_t)cap * half * 4), *dsn = up(sn, (size_t)cap * half * 4);
         void *dkc = up(NULL, cbytes), *dvc = up(NULL, cbytes);
         int *dpos = up(&pos, sizeof pos);
-        cuda_qk_rope_store(dq, dk, dv, dqn, dkn, dcs, dsn, dkc, dvc, f16, dpos, n, nh, nkv, hd, rot, cap, 1e-6f);
-        float gq[3 * 4 * 128];
+        cuda_qk_rope_store(dq, dq + nh * hd, dq + (nh + nkv) * hd, ld, dqn, dkn, dcs, dsn, dkc, dvc, f16, dpos, n, nh,
+                           nkv, hd, rot, cap, 1e-6f);
+        float gq[n * ld];
         char *kc = malloc(cbytes), *vc = malloc(cbytes);
         down(gq, dq, sizeof gq);
         down(kc, dkc, cbytes), down(vc, dvc, cbytes);
         for (int i = 0; i < n; i++) {
             for (int h = 0; h < nh + nkv; h++) {
                 float x[128];
-                const float *src = h < nh ? q + (i * nh + h) * hd : k + (i * nkv + h - nh) * hd;
+                const float *src = qkv + i * ld + h * hd; /* queries, then keys */
                 rmsnorm(x, src, h < nh ? qn : kn, hd, 1e-6f);
                 rope(x, cs + (pos + i) * half, sn + (pos + i) * half, rot);
                 for (int j = 0; j < hd; j++) {
                     float g;
-                    if (h < nh) g = gq[(i * nh + h) * hd + j];
+                    if (h < nh) g = gq[i * ld + h * hd + j];
                     else {
                         size_t at = ((size_t)(h - nh) * cap + pos + i) * hd + j;
                         g = f16 ? f16_to_f32(((uint16_t *)kc)[at]) : ((float *)kc)[at];
@@ -201,13 +210,13 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
             for (int h = 0; h < nkv; h++)
                 for (int j = 0; j < hd; j++) {
                     size_t at = ((size_t)h * cap + pos + i) * hd + j;
-                    float want = v[(i * nkv + h) * hd + j];
+                    float want = qkv[i * ld + (nh + nkv + h) * hd + j];
                     float g = f16 ? f16_to_f32(((uint16_t *)vc)[at]) : ((float *)vc)[at];
                     if (f16) want = f16_to_f32(f32_to_f16(want));
                     cr_expect(g == want, "value stored at token %d head %d dim %d", i, h, j);
                 }
         }
-        cuda_free(dq), cuda_free(dk), cuda_free(dv), cuda_free(dqn), cuda_free(dkn), cuda_free(dcs), cuda_free(dsn);
+        cuda_free(dq), cuda_free(dqn), cuda_free(dkn), cuda_free(dcs), cuda_free(dsn);
         cuda_free(dkc), cuda_free(dvc), cuda_free(dpos);
         free(cs), free(sn), free(kc), free(vc);
     }
@@ -256,7 +265,8 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
     float *dq = up(q, (size_t)n * nh * hd * 4), *dout = up(NULL, (size_t)n * nh * hd * 4);
     float *dpart = up(NULL, cuda_attn_part_floats(n, nh, hd, splits) * 4);
     int *dpos = up(&pos, sizeof pos);
-    cuda_attention(dout, dq, dkc, dvc, f16, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart, splits);
+    cuda_attention(dout, dq, nh * hd, dkc, dvc, f16, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
+                   splits);
     down(got, dout, (size_t)n * nh * hd * 4);
     /* per (token, head): error over the output's norm */
     for (int r = 0; r < n * nh; r++) {
