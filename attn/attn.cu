@@ -5,41 +5,42 @@
  * (cuda_qk_rope_store), then calls cuda_attention for the n new tokens.
  *
  *   kc, vc [nkv, cap, hd]   cache of one layer, f32 or f16 rows
- *   q      [n, nh, hd]      roped queries; out the same shape
+ *   q      [n, ldq]         roped queries, heads [nh, hd] first in a row
+ *   out    [n, nh, hd]
  *   part   [n, nh, splits, hd] partial sums, then [n, nh, splits, 2] (m, l)
  *
  * Split-K flash-decoding (Dao et al., "Flash-Decoding for long-context
- * inference", 2023): block (kv head, split, chunk of tokens) walks its
- * split's positions in tiles of 128 with an online softmax for every query
- * row it serves, i.e. all gqa heads of its kv head for up to 16 / gqa
- * tokens, so each cached row is loaded once per block and used by all of
- * them. A combine pass per (token, head) merges the splits:
+ * inference", 2023): block (kv head, split, chunk of tokens) serves every
+ * query row of its kv head for up to 16 / gqa tokens (8 / gqa at head dim
+ * 256; a decode step's gqa rows take a variant sized for 4), so each
+ * cached row is loaded once per block and used by all of them. A combine
+ * pass per (token, head) merges the splits:
  *   M = max m_j,  out = sum_j e^(m_j - M) acc_j / sum_j e^(m_j - M) l_j
  * where a split with no position has m = -inf, l = 0 and adds nothing.
  * Split lengths are computed in the kernel from the length in device
- * memory, so a captured graph serves every position.
- *
- * Per tile of 128 positions: each half-warp scores one position at a time
- * against every row (a lane holds 1/16 of the key row, so loads are
- * coalesced; queries pre-scaled in shared memory), the warps turn scores
- * into exponentials row by row, then thread t accumulates dims t (and
- * t + 128) of every row over the tile's values, f32 throughout as on the
- * CPU.
+ * memory, so a captured graph serves every position. f32 throughout, as
+ * on the CPU.
  */
 #include <math.h>
 
 #include "kernels/cuda.h"
 #include "kernels/cuda_common.cuh"
 
-#define AT_TILE 128 /* positions per tile = threads per block */
-#define AT_MAXR 16  /* query rows per block */
+#define AT_WARPS 4 /* warps per block, each walking its own run of positions */
+#define AT_SMALL 4 /* query rows of the decode variant */
 
-/* DPL cached values of a row from element d, as f32: 16 or 32 bytes of
- * f16, 32 or 64 of f32. */
-template <bool F16, int DPL> __device__ __forceinline__ void row_load(const char *row, int d, float *o) {
-    if (F16) {
+/* Query rows a block of the large variant serves, by head dim. */
+static __host__ __device__ constexpr int at_rows(int hd) { return hd == 128 ? 16 : 8; }
+
+/* N cached values of a row from element d, as f32: 8 to 32 bytes of f16,
+ * 16 to 64 of f32. */
+template <bool F16, int N> __device__ __forceinline__ void row_load(const char *row, int d, float *o) {
+    if (F16 && N == 4) {
+        const uint2 u = *(const uint2 *)((const __half *)row + d);
+        o[0] = f16_f32(u.x & 0xffff), o[1] = f16_f32(u.x >> 16), o[2] = f16_f32(u.y & 0xffff), o[3] = f16_f32(u.y >> 16);
+    } else if (F16) {
 #pragma unroll
-        for (int c = 0; c < DPL / 8; c++) {
+        for (int c = 0; c < N / 8; c++) {
             const uint4 u = *((const uint4 *)((const __half *)row + d) + c);
             const uint32_t p[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -48,38 +49,46 @@ template <bool F16, int DPL> __device__ __forceinline__ void row_load(const char
         }
     } else {
 #pragma unroll
-        for (int c = 0; c < DPL / 4; c++) {
+        for (int c = 0; c < N / 4; c++) {
             const float4 a = *((const float4 *)((const float *)row + d) + c);
             o[4 * c] = a.x, o[4 * c + 1] = a.y, o[4 * c + 2] = a.z, o[4 * c + 3] = a.w;
         }
     }
 }
 
-template <bool F16> __device__ __forceinline__ float at1(const char *row, int d) {
-    return F16 ? __half2float(((const __half *)row)[d]) : ((const float *)row)[d];
-}
-
-template <int HD, bool F16>
-__global__ void __launch_bounds__(AT_TILE) attn_split_kernel(float *part, const float *q, int ldq, const void *kc,
-                                                             const void *vc, const int *d_pos, int n, int nh, int nkv,
-                                                             int cap, float scale, int splits, int qb) {
-    constexpr int U = HD / AT_TILE;        /* dims per thread when summing values */
-    constexpr int DPL = HD / 16;           /* dims per lane when scoring: a half-warp holds a row */
-    constexpr int PPW = AT_TILE / 4;       /* positions per warp per tile */
-    constexpr int UNR = HD == 128 ? 4 : 2; /* row pairs loaded before they are used */
-    __shared__ __align__(16) float qs[AT_MAXR * HD];
-    __shared__ float S[AT_MAXR * AT_TILE];
-    __shared__ float m_s[AT_MAXR], l_s[AT_MAXR], al_s[AT_MAXR];
+/* Block (kv head, split, chunk of qb tokens), rows r < R = gqa * tokens:
+ * row r is token i0 + r / gqa, query head h * gqa + r % gqa. The split's
+ * positions are cut into one run per warp; each warp walks its run 32
+ * positions at a time with its own online softmax (no block barrier in
+ * the loop): a half-warp scores one key row at a time (each lane 1/16 of
+ * it, partial sums meeting by shuffles, lane k keeping position k's
+ * score), then the warp sums value rows (each lane 1/32 of the dims).
+ * At the end the warps' (m, l, acc) merge into the split's. */
+template <int HD, bool F16, int MAXR>
+__global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *part, const float *q, int ldq,
+                                                                   const void *kc, const void *vc, const int *d_pos,
+                                                                   int n, int nh, int nkv, int cap, float scale,
+                                                                   int splits, int qb) {
+    constexpr int DPL = HD / 16; /* key dims per lane */
+    constexpr int DL = HD / 32;  /* value dims per lane */
+    /* key row pairs a warp loads before it scores them: fewer where the
+     * rows or the sums take the registers */
+    constexpr int LOOK = MAXR > AT_SMALL || HD > 128 ? 2 : 4;
+    constexpr int VLOOK = MAXR > AT_SMALL && HD > 128 ? 4 : 8; /* value rows likewise */
+    constexpr int MAIN = MAXR * HD + AT_WARPS * MAXR * 32, MERGE = AT_WARPS * MAXR * HD;
+    /* the loop's queries and probabilities, then the warps' sums to merge */
+    __shared__ __align__(16) float sm[MAIN > MERGE ? MAIN : MERGE];
+    __shared__ float wm[AT_WARPS][MAXR], wl[AT_WARPS][MAXR];
+    float *qs = sm, *ps = sm + MAXR * HD;
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int hw = lane >> 4, hl = lane & 15;
     const int gqa = nh / nkv, pos0 = *d_pos, i0 = blockIdx.z * qb;
     const int nt = n - i0 < qb ? n - i0 : qb, R = gqa * nt;
     const int L = pos0 + i0 + nt; /* positions the chunk's last token sees */
     int per = (L + splits - 1) / splits;
-    per = (per + AT_TILE - 1) / AT_TILE * AT_TILE;
+    per = (per + 32 * AT_WARPS - 1) / (32 * AT_WARPS) * (32 * AT_WARPS);
     const int j0 = sp * per, j1 = j0 + per < L ? j0 + per : L;
     float *pacc = part, *pml = part + (size_t)n * nh * splits * HD;
-    /* row r = token i0 + r / gqa, query head h * gqa + r % gqa */
     if (j0 >= j1) {
         /* an empty split (a short context): m = -inf, l = 0, which the
          * combine skips without reading its sums */
@@ -89,38 +98,40 @@ __global__ void __launch_bounds__(AT_TILE) attn_split_kernel(float *part, const 
         }
         return;
     }
-    for (int e = tid; e < R * HD; e += AT_TILE) {
+    for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
         const int r = e / HD, d = e % HD;
         qs[e] = q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] * scale;
     }
-    if (tid < AT_MAXR) m_s[tid] = -INFINITY, l_s[tid] = 0, al_s[tid] = 1;
-    float acc[AT_MAXR][U];
-#pragma unroll
-    for (int r = 0; r < AT_MAXR; r++)
-#pragma unroll
-        for (int u = 0; u < U; u++) acc[r][u] = 0;
+    __syncthreads();
     const size_t row_bytes = (size_t)HD * (F16 ? 2 : 4);
     const char *K = (const char *)kc + (size_t)h * cap * row_bytes, *V = (const char *)vc + (size_t)h * cap * row_bytes;
-    __syncthreads();
-    for (int tile = j0; tile < j1; tile += AT_TILE) {
-        /* scores: warp w takes the tile's positions w * 32 .., two at a
-         * time, one per half-warp, each lane DPL dims of the row; the
-         * half-warp's partial sums meet by shuffles */
-        for (int k0 = 0; k0 < PPW; k0 += 2 * UNR) {
-            float kr[UNR][DPL];
+    const int wj0 = j0 + warp * (per / AT_WARPS), wj1 = wj0 + per / AT_WARPS < j1 ? wj0 + per / AT_WARPS : j1;
+    float m[MAXR], l[MAXR], acc[MAXR][DL];
 #pragma unroll
-            for (int u = 0; u < UNR; u++) {
-                const int j = tile + warp * PPW + k0 + 2 * u + hw;
-                if (j < j1) row_load<F16, DPL>(K + (size_t)j * row_bytes, hl * DPL, kr[u]);
+    for (int r = 0; r < MAXR; r++) {
+        m[r] = -INFINITY, l[r] = 0;
+#pragma unroll
+        for (int e = 0; e < DL; e++) acc[r][e] = 0;
+    }
+    for (int base = wj0; base < wj1; base += 32) {
+        const int cnt = wj1 - base < 32 ? wj1 - base : 32;
+        float mine[MAXR]; /* this lane's position's score, per row */
+#pragma unroll
+        for (int r = 0; r < MAXR; r++) mine[r] = 0;
+        for (int k0 = 0; k0 < 16; k0 += LOOK) {
+            float kr[LOOK][DPL];
+#pragma unroll
+            for (int u = 0; u < LOOK; u++) {
+                const int jj = 2 * (k0 + u) + hw;
+                if (jj < cnt) row_load<F16, DPL>(K + (size_t)(base + jj) * row_bytes, hl * DPL, kr[u]);
                 else
 #pragma unroll
                     for (int e = 0; e < DPL; e++) kr[u][e] = 0;
             }
 #pragma unroll
-            for (int u = 0; u < UNR; u++) {
-                const int jl = warp * PPW + k0 + 2 * u + hw, j = tile + jl;
+            for (int u = 0; u < LOOK; u++)
 #pragma unroll
-                for (int r = 0; r < AT_MAXR; r++)
+                for (int r = 0; r < MAXR; r++)
                     if (r < R) {
                         const float *qq = qs + r * HD + hl * DPL;
                         float t = 0;
@@ -134,118 +145,155 @@ __global__ void __launch_bounds__(AT_TILE) attn_split_kernel(float *part, const 
                         t += __shfl_xor_sync(0xffffffffu, t, 4);
                         t += __shfl_xor_sync(0xffffffffu, t, 2);
                         t += __shfl_xor_sync(0xffffffffu, t, 1);
-                        if (hl == 0) S[r * AT_TILE + jl] = j < j1 && j <= pos0 + i0 + r / gqa ? t : -INFINITY;
+                        /* position 2 (k0 + u) + h sits in half-warp h; lane k keeps position k's */
+                        const float o = __shfl_sync(0xffffffffu, t, (lane & 1) << 4);
+                        if ((lane >> 1) == k0 + u) mine[r] = o;
                     }
-            }
         }
-        __syncthreads();
-        /* online softmax, one warp per row */
-        for (int r = warp; r < R; r += AT_TILE / 32) {
-            float v[AT_TILE / 32], mx = -INFINITY;
+        const int j = base + lane;
 #pragma unroll
-            for (int k = 0; k < AT_TILE / 32; k++) v[k] = S[r * AT_TILE + lane + 32 * k], mx = fmaxf(mx, v[k]);
-            mx = warp_max(mx);
-            const float mold = m_s[r], mnew = fmaxf(mold, mx);
-            float sum = 0, alpha = 1;
-            if (mnew != -INFINITY) {
-                alpha = mold == -INFINITY ? 0 : expf(mold - mnew);
-#pragma unroll
-                for (int k = 0; k < AT_TILE / 32; k++) {
-                    v[k] = v[k] == -INFINITY ? 0 : expf(v[k] - mnew);
-                    sum += v[k];
+        for (int r = 0; r < MAXR; r++)
+            if (r < R) {
+                const float sc = lane < cnt && j <= pos0 + i0 + r / gqa ? mine[r] : -INFINITY;
+                const float mnew = fmaxf(m[r], warp_max(sc));
+                float p = 0, alpha = 1;
+                if (mnew != -INFINITY) {
+                    alpha = m[r] == -INFINITY ? 0 : expf(m[r] - mnew);
+                    p = sc == -INFINITY ? 0 : expf(sc - mnew);
                 }
-            } else {
+                l[r] = l[r] * alpha + warp_sum(p);
+                m[r] = mnew;
 #pragma unroll
-                for (int k = 0; k < AT_TILE / 32; k++) v[k] = 0;
+                for (int e = 0; e < DL; e++) acc[r][e] *= alpha;
+                ps[(warp * MAXR + r) * 32 + lane] = p;
+            }
+        __syncwarp();
+        for (int v0 = 0; v0 < cnt; v0 += VLOOK) {
+            float vr[VLOOK][DL];
+#pragma unroll
+            for (int u = 0; u < VLOOK; u++) {
+                if (v0 + u < cnt) row_load<F16, DL>(V + (size_t)(base + v0 + u) * row_bytes, lane * DL, vr[u]);
+                else
+#pragma unroll
+                    for (int e = 0; e < DL; e++) vr[u][e] = 0;
             }
 #pragma unroll
-            for (int k = 0; k < AT_TILE / 32; k++) S[r * AT_TILE + lane + 32 * k] = v[k];
-            sum = warp_sum(sum);
-            if (lane == 0) m_s[r] = mnew, l_s[r] = l_s[r] * alpha + sum, al_s[r] = alpha;
+            for (int u = 0; u < VLOOK; u++)
+#pragma unroll
+                for (int r = 0; r < MAXR; r++)
+                    if (r < R && v0 + u < cnt) {
+                        const float p = ps[(warp * MAXR + r) * 32 + v0 + u];
+#pragma unroll
+                        for (int e = 0; e < DL; e++) acc[r][e] = fmaf(p, vr[u][e], acc[r][e]);
+                    }
         }
-        __syncthreads();
-        /* values: thread t sums dims t (and t + 128) of every row */
-#pragma unroll
-        for (int r = 0; r < AT_MAXR; r++)
-            if (r < R)
-#pragma unroll
-                for (int u = 0; u < U; u++) acc[r][u] *= al_s[r];
-        const int cnt = j1 - tile < AT_TILE ? j1 - tile : AT_TILE;
-        for (int jj = 0; jj < cnt; jj++) {
-            const char *row = V + (size_t)(tile + jj) * row_bytes;
-            float vv[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) vv[u] = at1<F16>(row, tid + AT_TILE * u);
-#pragma unroll
-            for (int r = 0; r < AT_MAXR; r++)
-                if (r < R) {
-                    const float p = S[r * AT_TILE + jj];
-#pragma unroll
-                    for (int u = 0; u < U; u++) acc[r][u] = fmaf(p, vv[u], acc[r][u]);
-                }
-        }
-        __syncthreads();
+        __syncwarp();
     }
+    __syncthreads(); /* qs and ps are done with: the merge reuses sm */
+    float *wacc = sm;
 #pragma unroll
-    for (int r = 0; r < AT_MAXR; r++)
+    for (int r = 0; r < MAXR; r++)
         if (r < R) {
-            const size_t at = ((size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa) * splits + sp;
 #pragma unroll
-            for (int u = 0; u < U; u++) pacc[at * HD + tid + AT_TILE * u] = acc[r][u];
-            if (tid == 0) pml[2 * at] = m_s[r], pml[2 * at + 1] = l_s[r];
+            for (int e = 0; e < DL; e++) wacc[(warp * MAXR + r) * HD + lane * DL + e] = acc[r][e];
+            if (lane == 0) wm[warp][r] = m[r], wl[warp][r] = l[r];
         }
+    __syncthreads();
+    for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
+        const int r = e / HD, d = e % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, wm[w][r]);
+        float num = 0, den = 0;
+#pragma unroll
+        for (int w = 0; w < AT_WARPS; w++)
+            if (wm[w][r] != -INFINITY) {
+                const float c = expf(wm[w][r] - M);
+                num = fmaf(c, wacc[(w * MAXR + r) * HD + d], num);
+                den = fmaf(c, wl[w][r], den);
+            }
+        const size_t at = ((size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa) * splits + sp;
+        pacc[at * HD + d] = num;
+        if (d == 0) pml[2 * at] = M, pml[2 * at + 1] = den;
+    }
 }
 
-/* Block (token, head) of hd threads: merges the splits' partial softmaxes. */
+/* Block (token, head) of hd threads merges the splits' partial softmaxes:
+ * the weights e^(m_j - M) once per split in shared memory, then each
+ * thread its dim's sum over the splits. */
 __global__ void attn_combine_kernel(float *out, const float *part, int n, int nh, int hd, int splits) {
-    const size_t row = blockIdx.x, d = threadIdx.x;
+    __shared__ float w[256], red[8];
+    const size_t row = blockIdx.x;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
     const float *pacc = part + row * splits * hd, *pml = part + (size_t)n * nh * splits * hd + row * splits * 2;
     float M = -INFINITY;
-    for (int s = 0; s < splits; s++) M = fmaxf(M, pml[2 * s]);
-    float num = 0, den = 0;
-    for (int s = 0; s < splits; s++) {
+    for (int s = t; s < splits; s += blockDim.x) M = fmaxf(M, pml[2 * s]);
+    M = warp_max(M);
+    if (lane == 0) red[warp] = M;
+    __syncthreads();
+    M = red[0];
+    for (int i = 1; i < nw; i++) M = fmaxf(M, red[i]);
+    float den = 0;
+    for (int s = t; s < splits; s += blockDim.x) {
         const float m = pml[2 * s];
-        if (m == -INFINITY) continue;
-        const float w = expf(m - M);
-        num = fmaf(w, pacc[(size_t)s * hd + d], num);
-        den = fmaf(w, pml[2 * s + 1], den);
+        w[s] = m == -INFINITY ? 0 : expf(m - M);
+        den = fmaf(w[s], pml[2 * s + 1], den);
     }
-    out[row * hd + d] = num / den;
+    den = warp_sum(den);
+    __syncthreads(); /* every thread has read red[] for M */
+    if (lane == 0) red[warp] = den;
+    __syncthreads();
+    den = 0;
+    for (int i = 0; i < nw; i++) den += red[i];
+    float num = 0;
+    for (int s = 0; s < splits; s++)
+        if (w[s] != 0) num = fmaf(w[s], pacc[(size_t)s * hd + t], num);
+    out[row * hd + t] = num / den;
 }
 
 extern "C" size_t cuda_attn_part_floats(int n, int nh, int hd, int splits) {
     return (size_t)n * nh * splits * (hd + 2);
 }
 
-static int tokens_per_block(int nh, int nkv) {
+/* Tokens per block: all n when their rows fit the decode variant, else as
+ * many as fill the large one's rows. */
+static int tokens_per_block(int n, int nh, int nkv, int hd) {
     const int gqa = nh / nkv;
-    return gqa >= AT_MAXR ? 1 : AT_MAXR / gqa;
+    if (gqa * n <= AT_SMALL) return n;
+    return gqa >= at_rows(hd) ? 1 : at_rows(hd) / gqa;
 }
 
-extern "C" int cuda_attn_splits(int n, int nh, int nkv, int cap, int sm_count) {
-    const int qb = tokens_per_block(nh, nkv), chunks = (n + qb - 1) / qb;
+extern "C" int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_count) {
+    const int qb = tokens_per_block(n, nh, nkv, hd), chunks = (n + qb - 1) / qb;
     /* eight blocks per SM, so that enough loads are in flight; no split
-     * shorter than a tile; at most 256 */
+     * shorter than a block's 128 positions; at most 256 */
     int s = (8 * sm_count + nkv * chunks - 1) / (nkv * chunks);
-    const int most = (cap + AT_TILE - 1) / AT_TILE;
+    const int most = (cap + 32 * AT_WARPS - 1) / (32 * AT_WARPS);
     s = s > most ? most : s;
     s = s > 256 ? 256 : s;
     return s < 1 ? 1 : s;
 }
 
+template <int HD, bool F16>
+static void launch(dim3 g, float *part, const float *q, int ldq, const void *kc, const void *vc, const int *pos,
+                   int n, int nh, int nkv, int cap, float scale, int splits, int qb) {
+    if (qb * (nh / nkv) <= AT_SMALL)
+        attn_split_kernel<HD, F16, AT_SMALL><<<g, 32 * AT_WARPS, 0, g_stream>>>(part, q, ldq, kc, vc, pos, n, nh, nkv,
+                                                                               cap, scale, splits, qb);
+    else
+        attn_split_kernel<HD, F16, at_rows(HD)><<<g, 32 * AT_WARPS, 0, g_stream>>>(part, q, ldq, kc, vc, pos, n, nh,
+                                                                                  nkv, cap, scale, splits, qb);
+}
+
 extern "C" void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int f16,
                                const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
                                int splits) {
-    const int qb = tokens_per_block(nh, nkv);
+    const int qb = tokens_per_block(n, nh, nkv, hd);
     const dim3 g(nkv, splits, (n + qb - 1) / qb);
-#define LAUNCH(HD, F)                                                                                                  \
-    attn_split_kernel<HD, F><<<g, AT_TILE, 0, g_stream>>>(d_part, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap,       \
-                                                         scale, splits, qb)
-    if (hd == 128 && f16) LAUNCH(128, true);
-    else if (hd == 128) LAUNCH(128, false);
-    else if (f16) LAUNCH(256, true);
-    else LAUNCH(256, false);
-#undef LAUNCH
+    if (hd == 128 && f16) launch<128, true>(g, d_part, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb);
+    else if (hd == 128) launch<128, false>(g, d_part, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb);
+    else if (f16) launch<256, true>(g, d_part, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb);
+    else launch<256, false>(g, d_part, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb);
     cuda_note("attention (splits)");
     attn_combine_kernel<<<n * nh, hd, 0, g_stream>>>(d_out, d_part, n, nh, hd, splits);
     cuda_note("attention (combine)");

@@ -116,7 +116,7 @@ void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int r
  * Token i's queries start i * ldq floats after the first. */
 size_t cuda_attn_part_floats(int n, int nh, int hd, int splits);
 /* Splits for n tokens over a cache of cap positions on sm_count SMs. */
-int cuda_attn_splits(int n, int nh, int nkv, int cap, int sm_count);
+int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_count);
 void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int f16,
                     const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
                     int splits);

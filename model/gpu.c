@@ -49,9 +49,10 @@ int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen) 
         snprintf(err, errlen, "-dev cuda: head_dim %d: the CUDA attention takes 128 or 256", c->head_dim);
         return -1;
     }
-    if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 16) {
-        snprintf(err, errlen, "-dev cuda: %d query heads over %d kv heads: the CUDA attention takes up to 16 per kv head",
-                 c->n_heads, c->n_kv_heads);
+    const int most = c->head_dim == 128 ? 16 : 8;
+    if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > most) {
+        snprintf(err, errlen, "-dev cuda: %d query heads over %d kv heads: the CUDA attention takes up to %d per kv "
+                 "head at head_dim %d", c->n_heads, c->n_kv_heads, most, c->head_dim);
         return -1;
     }
     if (c->hidden % 8 || c->ffn % 8 || (c->n_heads * c->head_dim) % 8) {
@@ -208,7 +209,7 @@ static int open_common(GpuModel *g, char *err, size_t errlen) {
                  kvd = (size_t)c->n_kv_heads * c->head_dim;
     /* the most partial sums any token count asks for */
     for (int n = 1; n <= GPU_BATCH; n++) {
-        const int s = cuda_attn_splits(n, c->n_heads, c->n_kv_heads, 1 << 30, g->info.sm_count);
+        const int s = cuda_attn_splits(n, c->n_heads, c->n_kv_heads, c->head_dim, 1 << 30, g->info.sm_count);
         const size_t f = cuda_attn_part_floats(n, c->n_heads, c->head_dim, s);
         if (f > g->part_floats) g->part_floats = f;
     }
@@ -464,7 +465,7 @@ static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, i
 static void forward_dev(GpuModel *g, GpuKV *d, int n, int lg_rows) {
     const Config *c = &g->cfg;
     const int H = c->hidden;
-    const int splits = cuda_attn_splits(n, c->n_heads, c->n_kv_heads, d->cap, g->info.sm_count);
+    const int splits = cuda_attn_splits(n, c->n_heads, c->n_kv_heads, c->head_dim, d->cap, g->info.sm_count);
     cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, n, H);
     for (int l = 0; l < c->n_layers; l++) layer_run(g, &g->layers[l], d, l, n, splits);
     cuda_rmsnorm(g->xb, H, g->x, H, g->final_norm, n, H, (float)c->eps);
@@ -489,6 +490,52 @@ static int step(GpuModel *g, GpuKV *d, const int *tokens, int n, int pos, int lg
         if (cuda_graph_end(&d->graph[n], err, errlen)) return -1;
     }
     return cuda_graph_launch(d->graph[n], err, errlen);
+}
+
+int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t errlen) {
+    GpuKV *d = kv->dev;
+    const Config *c = &g->cfg;
+    const DevLayer *L = &g->layers[0];
+    const int H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, qd = nh * hd;
+    const int ld = qd + 2 * nkv * hd, pos = kv->dev_len, tok = 1;
+    const float eps = (float)c->eps;
+    const int splits = cuda_attn_splits(1, nh, nkv, hd, d->cap, g->info.sm_count);
+    if (cuda_upload(g->tokens, &tok, sizeof tok, "token ids", err, errlen) ||
+        cuda_upload(g->pos, &pos, sizeof pos, "the position", err, errlen))
+        return -1;
+    cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, 1, H);
+    /* each op alone, reps times back to back, on layer 0's weights */
+    for (int op = 0; op < 10; op++) {
+        static const char *const names[] = {"rmsnorm", "matmul q|k|v", "q/k norm + rope + store", "attention",
+                                            "matmul o + residual", "matmul gate|up", "swiglu",
+                                            "matmul down + residual", "matmul lm_head", "whole step (graph)"};
+        cuda_timer_start();
+        for (int r = 0; r < reps; r++) {
+            switch (op) {
+            case 0: cuda_rmsnorm(g->xb, H, g->x, H, L->in_norm, 1, H, eps); break;
+            case 1: mm(g->qkv, g->xb, &L->wqkv, 1, 0); break;
+            case 2:
+                cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn,
+                                   d->k, d->v, d->f16, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
+                break;
+            case 3:
+                cuda_attention(g->att, g->qkv, ld, d->k, d->v, d->f16, g->pos, 1, nh, nkv, hd, d->cap,
+                               1.0f / sqrtf((float)hd), g->part, splits);
+                break;
+            case 4: mm(g->x, g->att, &L->wo, 1, 1); break;
+            case 5: mm(g->gu, g->xb, &L->wgu, 1, 0); break;
+            case 6: cuda_swiglu(g->hb, g->gu, 1, c->ffn); break;
+            case 7: mm(g->x, g->hb, &L->wd, 1, 1); break;
+            case 8: mm(g->logits, g->xb, &g->lm_head, 1, 0); break;
+            default:
+                if (step(g, d, &tok, 1, pos, 1, err, errlen)) return -1;
+            }
+        }
+        const double us = cuda_timer_stop() / reps * 1e6;
+        if (cuda_sync("profiling", err, errlen)) return -1;
+        fprintf(out, "| %s | %.2f |\n", names[op], us);
+    }
+    return 0;
 }
 
 int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
@@ -533,7 +580,7 @@ int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *t
         cuda_rmsnorm(g->cat + H, 2 * H, g->xb, H, g->mtp_norm_hid, nb, H, eps);
         mm(g->x, g->cat, &g->mtp_fc, nb, 0);
         layer_run(g, &g->mtp_layer, d, 0, nb,
-                  cuda_attn_splits(nb, c->n_heads, c->n_kv_heads, d->cap, g->info.sm_count));
+                  cuda_attn_splits(nb, c->n_heads, c->n_kv_heads, c->head_dim, d->cap, g->info.sm_count));
         cuda_rmsnorm(g->xb, H, g->x, H, g->mtp_norm, nb, H, eps);
         if (lg_rows) mm(g->logits, g->xb + (size_t)(nb - lg_rows) * H, &g->lm_head, lg_rows, 0);
         if (lg_rows && cuda_download(all_logits ? logits + (size_t)off * V : logits, g->logits,
@@ -566,6 +613,10 @@ void gpu_model_free(GpuModel *g) { (void)g; }
 void gpu_model_set_graphs(GpuModel *g, int on) { (void)g, (void)on; }
 int gpu_kv_fill_random(KVCache *kv, int n, unsigned long long seed, char *err, size_t errlen) {
     (void)kv, (void)n, (void)seed;
+    return no_cuda(err, errlen);
+}
+int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t errlen) {
+    (void)g, (void)kv, (void)reps, (void)out;
     return no_cuda(err, errlen);
 }
 const char *gpu_model_device(const GpuModel *g) { (void)g; return "none"; }

@@ -22,6 +22,7 @@
 #define GPU_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "kv/kv.h"
 #include "model/config.h"
@@ -57,6 +58,11 @@ int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, 
 /* Fills kv's first n positions with random values and sets its length
  * to n (benchmarks: a long context without its prefill). */
 int gpu_kv_fill_random(KVCache *kv, int n, unsigned long long seed, char *err, size_t errlen);
+
+/* Times each op of a decode step alone (layer 0's, reps times back to
+ * back at kv's length; the step's last row of the cache is written) and
+ * the whole step, as a table of microseconds on out (benchmarks). */
+int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t errlen);
 
 /* model_forward on the GPU: tokens [n] at positions [len, len + n) of kv;
  * logits [n, V] (all_logits) or [V] of the last token, and hidden [n, H],

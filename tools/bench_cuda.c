@@ -8,7 +8,8 @@
  * the HBM roofline (weights + cache bytes read per token over the time,
  * against this run's device-to-device copy bandwidth); prefill tok/s of
  * 512 and 4096 tokens from an empty cache, with the GEMMs' TFLOP/s
- * (2 x matmul weights per token); GPU memory used.
+ * (2 x matmul weights per token); GPU memory used; and each op of a
+ * decode step alone, in microseconds, at 0 and 32K positions.
  *
  *   build/bench_cuda [--shape 0.6b|8b|all] [--steps N]
  */
@@ -122,6 +123,12 @@ static void bench_shape(const char *name, int steps, double bw) {
         fflush(stdout);
     }
     gpu_model_set_graphs(g, 1);
+    /* where a step's time goes: each op of one layer alone */
+    for (int i = 0; i < 3; i += 2) {
+        printf("| op at context %d | us |\n|---|---|\n", ctxs[i]);
+        if (gpu_kv_fill_random(&kv, ctxs[i], 7, err, sizeof err) || gpu_profile(g, &kv, 200, stdout, err, sizeof err))
+            die("profile", err);
+    }
     const double flops = 2 * (step_weight_bytes(&c) / 2 - (double)c.vocab_size * c.hidden);
     printf("| prefill tokens | tok/s | GEMM TFLOP/s |\n|---|---|---|\n");
     const int ns[] = {512, 4096};
