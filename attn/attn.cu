@@ -13,10 +13,9 @@
  * inference", 2023): block (kv head, split, chunk of tokens) serves every
  * query row of its kv head for up to 16 / gqa tokens (8 / gqa at head dim
  * 256; a decode step's gqa rows take a variant sized for 4), so each
- * cached row is loaded once per block and used by all of them. A combine
- * pass per (token, head) merges the splits:
- *   M = max m_j,  out = sum_j e^(m_j - M) acc_j / sum_j e^(m_j - M) l_j
- * where a split with no position has m = -inf, l = 0 and adds nothing.
+ * cached row is loaded once per block and used by all of them. The last
+ * split to finish merges them (below), where a split with no position has
+ * m = -inf, l = 0 and adds nothing.
  * Split lengths are computed in the kernel from the length in device
  * memory, so a captured graph serves every position. f32 throughout, as
  * on the CPU.
@@ -65,10 +64,10 @@ template <bool F16, int N> __device__ __forceinline__ void row_load(const char *
  * score), then the warp sums value rows (each lane 1/32 of the dims).
  * At the end the warps' (m, l, acc) merge into the split's. */
 template <int HD, bool F16, int MAXR>
-__global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *part, const float *q, int ldq,
-                                                                   const void *kc, const void *vc, const int *d_pos,
-                                                                   int n, int nh, int nkv, int cap, float scale,
-                                                                   int splits, int qb) {
+__global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, float *part, int *count, const float *q,
+                                                                   int ldq, const void *kc, const void *vc,
+                                                                   const int *d_pos, int n, int nh, int nkv, int cap,
+                                                                   float scale, int splits, int qb) {
     constexpr int DPL = HD / 16; /* key dims per lane */
     constexpr int DL = HD / 32;  /* value dims per lane */
     /* key row pairs a warp loads before it scores them: fewer where the
@@ -96,8 +95,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *part, 
             const size_t at = ((size_t)(i0 + tid / gqa) * nh + h * gqa + tid % gqa) * splits + sp;
             pml[2 * at] = -INFINITY, pml[2 * at + 1] = 0;
         }
-        return;
-    }
+    } else {
     for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
         const int r = e / HD, d = e % HD;
         qs[e] = q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] * scale;
@@ -212,43 +210,66 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *part, 
                 num = fmaf(c, wacc[(w * MAXR + r) * HD + d], num);
                 den = fmaf(c, wl[w][r], den);
             }
-        const size_t at = ((size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa) * splits + sp;
-        pacc[at * HD + d] = num;
-        if (d == 0) pml[2 * at] = M, pml[2 * at + 1] = den;
+        const size_t row = (size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa, at = row * splits + sp;
+        /* one split: this is the answer */
+        if (splits == 1) out[row * HD + d] = num / den;
+        else {
+            pacc[at * HD + d] = num;
+            if (d == 0) pml[2 * at] = M, pml[2 * at + 1] = den;
+        }
     }
-}
-
-/* Block (token, head) of hd threads merges the splits' partial softmaxes:
- * the weights e^(m_j - M) once per split in shared memory, then each
- * thread its dim's sum over the splits. */
-__global__ void attn_combine_kernel(float *out, const float *part, int n, int nh, int hd, int splits) {
-    __shared__ float w[256], red[8];
-    const size_t row = blockIdx.x;
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
-    const float *pacc = part + row * splits * hd, *pml = part + (size_t)n * nh * splits * hd + row * splits * 2;
-    float M = -INFINITY;
-    for (int s = t; s < splits; s += blockDim.x) M = fmaxf(M, pml[2 * s]);
-    M = warp_max(M);
-    if (lane == 0) red[warp] = M;
-    __syncthreads();
-    M = red[0];
-    for (int i = 1; i < nw; i++) M = fmaxf(M, red[i]);
-    float den = 0;
-    for (int s = t; s < splits; s += blockDim.x) {
-        const float m = pml[2 * s];
-        w[s] = m == -INFINITY ? 0 : expf(m - M);
-        den = fmaf(w[s], pml[2 * s + 1], den);
     }
-    den = warp_sum(den);
-    __syncthreads(); /* every thread has read red[] for M */
-    if (lane == 0) red[warp] = den;
+    if (splits == 1) return;
+    /* The last of the splits of this (kv head, chunk) to finish merges
+     * them all (the counter is left at zero for the next launch), which
+     * saves a launch and its wait:
+     *   M = max m_j,  out = sum_j e^(m_j - M) acc_j / sum_j e^(m_j - M) l_j */
+    __shared__ int last;
+    __shared__ float wsp[256], red[AT_WARPS];
+    int *counter = count + blockIdx.z * nkv + h;
+    __threadfence(); /* this block's partials are visible before it counts itself */
     __syncthreads();
-    den = 0;
-    for (int i = 0; i < nw; i++) den += red[i];
-    float num = 0;
-    for (int s = 0; s < splits; s++)
-        if (w[s] != 0) num = fmaf(w[s], pacc[(size_t)s * hd + t], num);
-    out[row * hd + t] = num / den;
+    if (tid == 0) {
+        last = atomicAdd(counter, 1) == splits - 1;
+        if (last) *counter = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* the other blocks' partials, read past L1 (__ldcg): this SM's L1 may
+     * hold none of them, but never trust it to */
+    for (int r = 0; r < R; r++) {
+        const size_t row = (size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa, at = row * splits;
+        float M = -INFINITY;
+        for (int j = tid; j < splits; j += 32 * AT_WARPS) M = fmaxf(M, __ldcg(pml + 2 * (at + j)));
+        M = warp_max(M);
+        if (lane == 0) red[warp] = M;
+        __syncthreads();
+        M = red[0];
+#pragma unroll
+        for (int w = 1; w < AT_WARPS; w++) M = fmaxf(M, red[w]);
+        float den = 0;
+        for (int j = tid; j < splits; j += 32 * AT_WARPS) {
+            const float mj = __ldcg(pml + 2 * (at + j));
+            wsp[j] = mj == -INFINITY ? 0 : expf(mj - M);
+            den = fmaf(wsp[j], __ldcg(pml + 2 * (at + j) + 1), den);
+        }
+        den = warp_sum(den);
+        __syncthreads(); /* red[] was read for M by every thread */
+        if (lane == 0) red[warp] = den;
+        __syncthreads();
+        den = 0;
+#pragma unroll
+        for (int w = 0; w < AT_WARPS; w++) den += red[w];
+        for (int d = tid; d < HD; d += 32 * AT_WARPS) {
+            float num = 0;
+#pragma unroll 8
+            for (int j = 0; j < splits; j++)
+                if (wsp[j] != 0) num = fmaf(wsp[j], __ldcg(pacc + (at + j) * HD + d), num); /* empty: never written */
+            out[row * HD + d] = num / den;
+        }
+        __syncthreads(); /* wsp and red are rewritten for the next row */
+    }
 }
 
 extern "C" size_t cuda_attn_part_floats(int n, int nh, int hd, int splits) {
@@ -265,9 +286,9 @@ static int tokens_per_block(int n, int nh, int nkv, int hd) {
 
 extern "C" int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_count) {
     const int qb = tokens_per_block(n, nh, nkv, hd), chunks = (n + qb - 1) / qb;
-    /* eight blocks per SM, so that enough loads are in flight; no split
-     * shorter than a block's 128 positions; at most 256 */
-    int s = (8 * sm_count + nkv * chunks - 1) / (nkv * chunks);
+    /* four blocks per SM (about what fits at once); no split shorter
+     * than a block's 128 positions; at most 256 */
+    int s = (4 * sm_count + nkv * chunks - 1) / (nkv * chunks);
     const int most = (cap + 32 * AT_WARPS - 1) / (32 * AT_WARPS);
     s = s > most ? most : s;
     s = s > 256 ? 256 : s;
@@ -275,26 +296,27 @@ extern "C" int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_
 }
 
 template <int HD, bool F16>
-static void launch(dim3 g, float *part, const float *q, int ldq, const void *kc, const void *vc, const int *pos,
-                   int n, int nh, int nkv, int cap, float scale, int splits, int qb) {
+static void launch(dim3 g, float *out, float *part, int *count, const float *q, int ldq, const void *kc,
+                   const void *vc, const int *pos, int n, int nh, int nkv, int cap, float scale, int splits, int qb) {
     if (qb * (nh / nkv) <= AT_SMALL)
-        attn_split_kernel<HD, F16, AT_SMALL><<<g, 32 * AT_WARPS, 0, g_stream>>>(part, q, ldq, kc, vc, pos, n, nh, nkv,
-                                                                               cap, scale, splits, qb);
+        attn_split_kernel<HD, F16, AT_SMALL><<<g, 32 * AT_WARPS, 0, g_stream>>>(out, part, count, q, ldq, kc, vc, pos,
+                                                                               n, nh, nkv, cap, scale, splits, qb);
     else
-        attn_split_kernel<HD, F16, at_rows(HD)><<<g, 32 * AT_WARPS, 0, g_stream>>>(part, q, ldq, kc, vc, pos, n, nh,
-                                                                                  nkv, cap, scale, splits, qb);
+        attn_split_kernel<HD, F16, at_rows(HD)><<<g, 32 * AT_WARPS, 0, g_stream>>>(out, part, count, q, ldq, kc, vc,
+                                                                                  pos, n, nh, nkv, cap, scale, splits,
+                                                                                  qb);
 }
 
 extern "C" void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int f16,
                                const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
-                               int splits) {
+                               int *d_count, int splits) {
     const int qb = tokens_per_block(n, nh, nkv, hd);
     const dim3 g(nkv, splits, (n + qb - 1) / qb);
-    if (hd == 128 && f16) launch<128, true>(g, d_part, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb);
-    else if (hd == 128) launch<128, false>(g, d_part, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb);
-    else if (f16) launch<256, true>(g, d_part, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb);
-    else launch<256, false>(g, d_part, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb);
-    cuda_note("attention (splits)");
-    attn_combine_kernel<<<n * nh, hd, 0, g_stream>>>(d_out, d_part, n, nh, hd, splits);
-    cuda_note("attention (combine)");
+#define ARGS g, d_out, d_part, d_count, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb
+    if (hd == 128 && f16) launch<128, true>(ARGS);
+    else if (hd == 128) launch<128, false>(ARGS);
+    else if (f16) launch<256, true>(ARGS);
+    else launch<256, false>(ARGS);
+#undef ARGS
+    cuda_note("attention");
 }

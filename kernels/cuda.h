@@ -89,8 +89,9 @@ void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, const float *d
 void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, int ld, const float *d_qn,
                         const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc, int f16,
                         const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap, float eps);
-/* out [n, I] = silu(gu[:, :I]) * gu[:, I:] for gu [n, 2I], the gate|up
- * matmul's output (swiglu_ref). */
+/* out [n, I] = silu(gate) * up for gu [n, 2I] holding gate i and up i at
+ * 2i and 2i + 1, the output of the gate|up matmul over interleaved rows
+ * (swiglu_ref). */
 void cuda_swiglu(float *d_out, const float *d_gu, int n, int I);
 /* count bf16 values uniform in [-scale, scale] from seed (benchmarks'
  * random weights), and count f32 ones. */
@@ -100,11 +101,22 @@ void cuda_fill_ones(float *d_x, size_t count);
 void cuda_argmax(int *d_out, const float *d_x, int n, int V);
 
 /* ---- kernels/matmul.cu: twin of matmul_ref ---- */
+/* Rows of x up to which a matmul streams W once (the decode form). */
+#define CUDA_MATVEC_MAX 8
 /* y [n, rows] = x [n, cols] W^T (add: y += x W^T), W [rows, cols] of
  * dtype, cols a multiple of 8. Up to 8 rows of x stream W once (decode,
  * verification); more go through shared-memory tiles (prefill). f32 sums
  * throughout. */
 void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int rows, int cols, int n, int add);
+
+/* The decode form (n <= CUDA_MATVEC_MAX) with what surrounds a matmul in a layer taken
+ * into the same pass: xmode 1 RMSNorms each row of x with nw and eps
+ * first (what cuda_rmsnorm then cuda_matmul give, bit for bit); pair 1
+ * reads W's rows as interleaved gate and up rows (2i, 2i + 1) and stores
+ * y [n, rows / 2] = silu(gate) * up (what cuda_matmul then cuda_swiglu
+ * give, bit for bit). */
+void cuda_matvec(float *d_y, const float *d_x, int xmode, const float *d_nw, float eps, const void *d_W, int dtype,
+                 int rows, int cols, int n, int pair, int add);
 
 /* ---- attn/attn.cu: twin of attn_group_ref over f32 and f16 caches ---- */
 /* Causal attention of n tokens at positions pos .. pos + n - 1 (pos from
@@ -112,14 +124,17 @@ void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int r
  * positions 0 .. pos + n - 1: out [n, nh, hd] from q [n, nh, hd] (query
  * head h reads kv head h / (nh / nkv)). Split-K flash-decoding: each kv
  * head's positions are cut into splits, each split's partial softmax goes
- * to part (cuda_attn_part_floats), and a combine pass merges them.
+ * to part (cuda_attn_part_floats), and the last split to finish merges
+ * them, found by counters in count ([n * nkv] ints, zero before the first
+ * call; every call leaves them zero).
  * Token i's queries start i * ldq floats after the first. */
 size_t cuda_attn_part_floats(int n, int nh, int hd, int splits);
-/* Splits for n tokens over a cache of cap positions on sm_count SMs. */
+/* Splits for n tokens over cap positions on sm_count SMs (at most 256;
+ * 1 writes out directly). */
 int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_count);
 void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int f16,
                     const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
-                    int splits);
+                    int *d_count, int splits);
 
 #ifdef __cplusplus
 }

@@ -37,4 +37,17 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024),
+ * every thread getting it; sh holds 32 doubles. */
+__device__ __forceinline__ double block_sum_d(double v, double *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads(); /* sh may still be read from a previous call */
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += sh[i];
+    return t;
+}
+
 #endif

@@ -4,10 +4,13 @@
  * residual add that follows o_proj and down_proj done as each sum is
  * stored (the CPU adds the same sum to the same value).
  *
- * Decode and verification (n <= 8) are bound by reading W once: one warp
- * per row of W, each lane 16 bytes of it per step (8 bf16 or f16, 4 f32)
- * against the same columns of every row of x (which stays in L1/L2), the
- * n sums in registers and a shuffle tree at the end.
+ * Decode and verification (n <= 8) are bound by reading W once: a warp
+ * (or a few, for matrices of few rows) per row of W, each lane 16 bytes of
+ * it per step (8 bf16 or f16, 4 f32) against the same columns of every row
+ * of x (which stays in L1/L2), the n sums in registers and a shuffle tree
+ * at the end. cuda_matvec also takes the RMSNorm before q|k|v and
+ * gate|up, and the SwiGLU after gate|up, into the same pass, which saves
+ * a decode step two thirds of its small launches.
  *
  * Prefill (n > 8) of bf16 weights runs on the tensor cores (WMMA, bf16
  * inputs, f32 sums) without giving up f32 inputs: each x is split into
@@ -28,7 +31,6 @@
 #include "kernels/cuda_common.cuh"
 
 #define GEMV_WARPS 8
-#define GEMV_MAX_N 8
 
 /* 8 consecutive weights from W (16 bytes of bf16/f16, 32 of f32) as f32. */
 template <int DT> __device__ __forceinline__ void load8(const void *W, size_t at, float w[8]) {
@@ -53,34 +55,94 @@ template <int DT> __device__ __forceinline__ void load8(const void *W, size_t at
     }
 }
 
-template <int DT, int NT>
-__global__ void gemv_kernel(float *y, const float *x, const void *W, int rows, int cols, int add) {
-    const int lane = threadIdx.x & 31;
-    const int r = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    float acc[NT];
+/* Block of 8 warps, ks warps per output row (each a slice of the
+ * columns: more warps in flight for matrices of few rows), NT >= n rows of
+ * x. XM: x as it is, or RMSNormed with nw on the fly (each block first
+ * finds each row's 1 / rms exactly as rmsnorm_kernel does, same order, so
+ * the products are those of cuda_rmsnorm then the plain matmul). PAIR: W's
+ * rows interleave gate and up (2i, 2i + 1); output i is silu(gate) * up of
+ * their two sums, as cuda_swiglu computes it. */
+template <int DT, int NT, int XM, int PAIR>
+__global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const float *x, const float *nw, float eps,
+                                                             const void *W, int rows, int cols, int n, int ks,
+                                                             int add) {
+    __shared__ double sh[32];
+    __shared__ float inv[NT], red[GEMV_WARPS][2 * NT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (XM) {
+        for (int t = 0; t < n; t++) {
+            double ss = 0;
+            for (int j = threadIdx.x; j < cols; j += blockDim.x) ss += (double)x[(size_t)t * cols + j] * x[(size_t)t * cols + j];
+            ss = block_sum_d(ss, sh);
+            if (threadIdx.x == 0) inv[t] = (float)(1.0 / sqrt(ss / cols + (double)eps));
+        }
+        __syncthreads();
+    }
+    const int r = blockIdx.x * (GEMV_WARPS / ks) + warp / ks, slice = warp % ks;
+    float acc[PAIR + 1][NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0;
-    const size_t base = (size_t)r * cols;
+    for (int p = 0; p <= PAIR; p++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[p][t] = 0;
+    if (r < rows) {
+        const size_t base = (size_t)(PAIR ? 2 * r : r) * cols;
 #pragma unroll 4
-    for (int c = lane * 8; c < cols; c += 256) {
-        float w[8];
-        load8<DT>(W, base + c, w);
+        for (int c = (slice * 32 + lane) * 8; c < cols; c += 256 * ks) {
+            float w[PAIR + 1][8];
+            load8<DT>(W, base + c, w[0]);
+            if (PAIR) load8<DT>(W, base + cols + c, w[PAIR]);
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float4 a = *(const float4 *)(x + (size_t)t * cols + c);
-            const float4 b = *(const float4 *)(x + (size_t)t * cols + c + 4);
-            float s = acc[t];
-            s = fmaf(a.x, w[0], s), s = fmaf(a.y, w[1], s), s = fmaf(a.z, w[2], s), s = fmaf(a.w, w[3], s);
-            s = fmaf(b.x, w[4], s), s = fmaf(b.y, w[5], s), s = fmaf(b.z, w[6], s), s = fmaf(b.w, w[7], s);
-            acc[t] = s;
+            for (int t = 0; t < NT; t++)
+                if (t < n) {
+                    const float4 a = *(const float4 *)(x + (size_t)t * cols + c);
+                    const float4 b = *(const float4 *)(x + (size_t)t * cols + c + 4);
+                    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                    if (XM) {
+                        const float4 g0 = *(const float4 *)(nw + c), g1 = *(const float4 *)(nw + c + 4);
+                        const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+                        for (int e = 0; e < 8; e++) v[e] = __fmul_rn(g[e], __fmul_rn(v[e], inv[t]));
+                    }
+#pragma unroll
+                    for (int p = 0; p <= PAIR; p++) {
+                        float s = acc[p][t];
+#pragma unroll
+                        for (int e = 0; e < 8; e++) s = fmaf(v[e], w[p][e], s);
+                        acc[p][t] = s;
+                    }
+                }
         }
     }
+    /* the warp's sums, then the row's slices in order */
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float s = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)t * rows + r] = add ? __fadd_rn(y[(size_t)t * rows + r], s) : s;
+    for (int p = 0; p <= PAIR; p++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[p][t] = warp_sum(acc[p][t]);
+    if (ks > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int p = 0; p <= PAIR; p++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) red[warp][p * NT + t] = acc[p][t];
+        __syncthreads();
+        if (slice == 0)
+#pragma unroll
+            for (int p = 0; p <= PAIR; p++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    float s = red[warp][p * NT + t];
+                    for (int k = 1; k < ks; k++) s += red[warp + k][p * NT + t];
+                    acc[p][t] = s;
+                }
     }
+    if (r >= rows || slice || lane) return;
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        if (t < n) {
+            float s = acc[0][t];
+            if (PAIR) s = __fmul_rn(__fdiv_rn(s, __fadd_rn(1.0f, expf(-s))), acc[PAIR][t]);
+            y[(size_t)t * rows + r] = add ? __fadd_rn(y[(size_t)t * rows + r], s) : s;
+        }
 }
 
 /* Tiles of 64 tokens x 64 rows of W, 16 columns per stage; thread (tx,
@@ -198,27 +260,48 @@ __global__ void __launch_bounds__(128) gemm_bf16x3_kernel(float *y, const float 
     }
 }
 
-template <int DT> static void gemv(float *y, const float *x, const void *W, int rows, int cols, int n, int add) {
-    const dim3 g((rows + GEMV_WARPS - 1) / GEMV_WARPS), b(32 * GEMV_WARPS);
-    switch (n) {
-    case 1: gemv_kernel<DT, 1><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
-    case 2: gemv_kernel<DT, 2><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
-    case 3: gemv_kernel<DT, 3><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
-    case 4: gemv_kernel<DT, 4><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
-    case 5: gemv_kernel<DT, 5><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
-    case 6: gemv_kernel<DT, 6><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
-    case 7: gemv_kernel<DT, 7><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
-    default: gemv_kernel<DT, 8><<<g, b, 0, g_stream>>>(y, x, W, rows, cols, add); break;
-    }
+/* Warps per output row: enough warps over the GPU (4096) for short
+ * matrices, at most 8. */
+static int warps_per_row(int rows) {
+    int ks = 1;
+    while (ks < GEMV_WARPS && rows * ks < 4096) ks *= 2;
+    return ks;
+}
+
+template <int DT, int NT>
+static void gemv_nt(float *y, const float *x, int xmode, const float *nw, float eps, const void *W, int rows, int cols,
+                    int n, int pair, int add) {
+    /* as for W's own rows, so that a pair's sums are those of the plain matmul */
+    const int ks = warps_per_row(pair ? 2 * rows : rows), rpb = GEMV_WARPS / ks;
+    const dim3 g((rows + rpb - 1) / rpb), b(32 * GEMV_WARPS);
+    if (xmode && pair) gemv_kernel<DT, NT, 1, 1><<<g, b, 0, g_stream>>>(y, x, nw, eps, W, rows, cols, n, ks, add);
+    else if (xmode) gemv_kernel<DT, NT, 1, 0><<<g, b, 0, g_stream>>>(y, x, nw, eps, W, rows, cols, n, ks, add);
+    else if (pair) gemv_kernel<DT, NT, 0, 1><<<g, b, 0, g_stream>>>(y, x, nw, eps, W, rows, cols, n, ks, add);
+    else gemv_kernel<DT, NT, 0, 0><<<g, b, 0, g_stream>>>(y, x, nw, eps, W, rows, cols, n, ks, add);
+}
+
+template <int DT>
+static void gemv(float *y, const float *x, int xmode, const float *nw, float eps, const void *W, int rows, int cols,
+                 int n, int pair, int add) {
+    if (n == 1) gemv_nt<DT, 1>(y, x, xmode, nw, eps, W, rows, cols, n, pair, add);
+    else if (n == 2) gemv_nt<DT, 2>(y, x, xmode, nw, eps, W, rows, cols, n, pair, add);
+    else if (n <= 4) gemv_nt<DT, 4>(y, x, xmode, nw, eps, W, rows, cols, n, pair, add);
+    else gemv_nt<DT, 8>(y, x, xmode, nw, eps, W, rows, cols, n, pair, add);
+}
+
+extern "C" void cuda_matvec(float *d_y, const float *d_x, int xmode, const float *d_nw, float eps, const void *d_W,
+                            int dtype, int rows, int cols, int n, int pair, int add) {
+    const int out = pair ? rows / 2 : rows;
+    if (dtype == CUDA_BF16) gemv<CUDA_BF16>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
+    else if (dtype == CUDA_F16) gemv<CUDA_F16>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
+    else gemv<CUDA_F32>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
+    cuda_note("matmul (gemv)");
 }
 
 extern "C" void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int rows, int cols, int n,
                             int add) {
-    if (n <= GEMV_MAX_N) {
-        if (dtype == CUDA_BF16) gemv<CUDA_BF16>(d_y, d_x, d_W, rows, cols, n, add);
-        else if (dtype == CUDA_F16) gemv<CUDA_F16>(d_y, d_x, d_W, rows, cols, n, add);
-        else gemv<CUDA_F32>(d_y, d_x, d_W, rows, cols, n, add);
-        cuda_note("matmul (gemv)");
+    if (n <= CUDA_MATVEC_MAX) {
+        cuda_matvec(d_y, d_x, 0, NULL, 0, d_W, dtype, rows, cols, n, 0, add);
         return;
     }
     const dim3 g((rows + 63) / 64, (n + 63) / 64);

@@ -20,18 +20,6 @@
 #include "kernels/cuda.h"
 #include "kernels/cuda_common.cuh"
 
-/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024). */
-__device__ double block_sum_d(double v, double *sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    v = warp_sum_d(v);
-    __syncthreads(); /* sh may still be read from a previous call */
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    double t = 0;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += sh[i];
-    return t;
-}
-
 __global__ void embed_kernel(float *x, const void *E, int dtype, const int *tokens, int H) {
     const size_t row = (size_t)tokens[blockIdx.x] * H;
     for (int j = threadIdx.x; j < H; j += blockDim.x) x[(size_t)blockIdx.x * H + j] = weight_at(E, dtype, row + j);
@@ -109,10 +97,9 @@ extern "C" void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_
     cuda_note("q/k norm + RoPE + KV store");
 }
 
-__global__ void swiglu_kernel(float *out, const float *gu, int I, size_t count) {
+__global__ void swiglu_kernel(float *out, const float *gu, size_t count) {
     for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x) {
-        const size_t row = j / I, c = j % I;
-        const float a = gu[row * 2 * I + c], b = gu[row * 2 * I + I + c];
+        const float a = gu[2 * j], b = gu[2 * j + 1]; /* row j / I, gate and up (j % I) side by side */
         out[j] = __fmul_rn(__fdiv_rn(a, __fadd_rn(1.0f, expf(-a))), b);
     }
 }
@@ -124,7 +111,7 @@ static int grid_for(size_t count) {
 
 extern "C" void cuda_swiglu(float *d_out, const float *d_gu, int n, int I) {
     const size_t count = (size_t)n * I;
-    swiglu_kernel<<<grid_for(count), 256, 0, g_stream>>>(d_out, d_gu, I, count);
+    swiglu_kernel<<<grid_for(count), 256, 0, g_stream>>>(d_out, d_gu, count);
     cuda_note("swiglu");
 }
 

@@ -7,14 +7,17 @@
  * operations is model.c's, so that the CPU path is the reference for every
  * number here.
  *
- * A layer's q, k and v matrices sit one after the other, as do gate and
- * up, so that each group is one matmul launch reading them in one pass.
+ * A layer's q, k and v matrices sit one after the other, so that they are
+ * one matmul; gate and up interleave row by row (gate i at 2i, up i at
+ * 2i + 1), so that one matmul pass ends in the SwiGLU. A decode step
+ * (up to 8 tokens) also takes each RMSNorm into the matmul after it
+ * (cuda_matvec): seven launches a layer.
  *
  *   device scratch      shape
  *   x, xb               [GPU_BATCH, H]      residual stream, normed copy
  *   qkv                 [GPU_BATCH, nh*hd + 2*nkv*hd]  q | k | v per token
  *   att                 [GPU_BATCH, nh*hd]  attention output
- *   gu, hb              [GPU_BATCH, 2*ffn], [GPU_BATCH, ffn]  MLP gate | up, swiglu
+ *   gu, hb              [GPU_BATCH, 2*ffn], [GPU_BATCH, ffn]  MLP gate, up interleaved; swiglu
  *   logits              [GPU_BATCH, V]
  *   cat                 [GPU_BATCH, 2H]     MTP input
  *   part                attention splits (attn/attn.cu)
@@ -34,6 +37,9 @@
 #define GPU_BATCH 512
 /* Forwards of up to this many tokens replay a captured graph. */
 #define GPU_GRAPH_MAX 8
+/* Graphs per token count: one per power-of-two split count of attention
+ * (1 .. 256), so that a short context is not cut into empty splits. */
+#define GPU_SPLIT_KINDS 9
 
 int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen) {
     if (c->n_gdn) {
@@ -87,7 +93,7 @@ typedef struct {
 
 typedef struct {
     float *in_norm, *post_norm, *q_norm, *k_norm;
-    DevW wqkv, wo, wgu, wd; /* [nh*hd + 2*nkv*hd, H], [H, nh*hd], [2*ffn, H], [H, ffn] */
+    DevW wqkv, wo, wgu, wd; /* [nh*hd + 2*nkv*hd, H], [H, nh*hd], [2*ffn, H] interleaved, [H, ffn] */
 } DevLayer;
 
 struct GpuModel {
@@ -107,7 +113,7 @@ struct GpuModel {
     float rope_mscale;
     /* scratch (above) */
     float *x, *xb, *qkv, *att, *gu, *hb, *logits, *cat, *part;
-    int *tokens, *pos;
+    int *tokens, *pos, *count; /* count: the attention's split counters [GPU_BATCH * nkv] */
     size_t part_floats;
     /* RoPE tables [rope_cap, rot/2], grown by gpu_kv_init */
     float *cs, *sn;
@@ -121,7 +127,7 @@ typedef struct {
     int f16, layers, cap;
     char *k, *v;      /* [layers, nkv, cap, hd] each */
     size_t layer_bytes;
-    void *graph[GPU_GRAPH_MAX + 1]; /* by token count, captured on first use */
+    void *graph[GPU_GRAPH_MAX + 1][GPU_SPLIT_KINDS]; /* by token count and splits, captured on first use */
 } GpuKV;
 
 static int dtype_code(DType t) { return t == DT_F32 ? CUDA_F32 : t == DT_F16 ? CUDA_F16 : CUDA_BF16; }
@@ -173,6 +179,28 @@ static int up_weight(GpuModel *g, const Weight *w, DevW *d, const char *name, ch
     return up_stacked(g, &w, 1, d, name, err, errlen);
 }
 
+/* Gate and up [I, H] each as one [2I, H] matrix, row 2i gate i, row
+ * 2i + 1 up i, made on the host a layer at a time. */
+static int up_interleaved(GpuModel *g, const Weight *wg, const Weight *wu, DevW *d, const char *name, char *err,
+                          size_t errlen) {
+    if (wg->dtype != wu->dtype || wg->rows != wu->rows || wg->cols != wu->cols) {
+        snprintf(err, errlen, "-dev cuda: %s: gate_proj and up_proj differ in dtype or shape", name);
+        return -1;
+    }
+    const size_t row = (size_t)wg->cols * dtype_size(wg->dtype), bytes = 2 * row * wg->rows;
+    char *h = malloc(bytes);
+    if (!h) { snprintf(err, errlen, "out of memory staging %s", name); return -1; }
+    for (int i = 0; i < wg->rows; i++) {
+        memcpy(h + 2 * i * row, (const char *)wg->data + i * row, row);
+        memcpy(h + (2 * i + 1) * row, (const char *)wu->data + i * row, row);
+    }
+    void *p = arena_take(g, bytes);
+    *d = (DevW){p, dtype_code(wg->dtype), 2 * wg->rows, wg->cols};
+    int rc = cuda_upload(p, h, bytes, name, err, errlen);
+    free(h);
+    return rc;
+}
+
 static int up_vec(GpuModel *g, const float *v, int n, float **d, const char *name, char *err, size_t errlen) {
     *d = arena_take(g, (size_t)n * sizeof(float));
     return cuda_upload(*d, v, (size_t)n * sizeof(float), name, err, errlen);
@@ -195,7 +223,7 @@ static int up_layer(GpuModel *g, const Layer *L, DevLayer *d, const char *name, 
            up_vec(g, L->k_norm, c->head_dim, &d->k_norm, name, err, errlen) ||
            up_stacked(g, (const Weight *[]){&L->wq, &L->wk, &L->wv}, 3, &d->wqkv, name, err, errlen) ||
            up_weight(g, &L->wo, &d->wo, name, err, errlen) ||
-           up_stacked(g, (const Weight *[]){&L->wg, &L->wu}, 2, &d->wgu, name, err, errlen) ||
+           up_interleaved(g, &L->wg, &L->wu, &d->wgu, name, err, errlen) ||
            up_weight(g, &L->wd, &d->wd, name, err, errlen);
 }
 
@@ -215,7 +243,8 @@ static int open_common(GpuModel *g, char *err, size_t errlen) {
     }
     const size_t floats = 2 * B * H + B * (2 * qd + 2 * kvd) + 3 * B * c->ffn + B * c->vocab_size + 2 * B * H +
                           g->part_floats;
-    float *s = cuda_alloc(floats * sizeof(float) + (B + 1) * sizeof(int), "the activations' scratch", err, errlen);
+    const size_t ints = B + 1 + B * c->n_kv_heads;
+    float *s = cuda_alloc(floats * sizeof(float) + ints * sizeof(int), "the activations' scratch", err, errlen);
     if (!s) return -1;
     g->x = s, s += B * H;
     g->xb = s, s += B * H;
@@ -228,6 +257,12 @@ static int open_common(GpuModel *g, char *err, size_t errlen) {
     g->part = s, s += g->part_floats;
     g->tokens = (int *)s;
     g->pos = g->tokens + B;
+    g->count = g->pos + 1;
+    /* the attention's split counters start at zero (attn/attn.cu) */
+    if (cuda_memset(g->count, 0, B * c->n_kv_heads * sizeof(int))) {
+        snprintf(err, errlen, "CUDA: clearing the attention scratch failed");
+        return -1;
+    }
     size_t fr = 0, tot = 0;
     cuda_mem(&fr, &tot);
     snprintf(g->desc, sizeof g->desc, "%s (sm_%d%d, %d SMs, %.1f GB)", g->info.name, g->info.cc_major,
@@ -362,7 +397,8 @@ void gpu_model_set_graphs(GpuModel *g, int on) { g->graphs = on; }
 
 static void kv_dev_free(void *p) {
     GpuKV *d = p;
-    for (int i = 0; i <= GPU_GRAPH_MAX; i++) cuda_graph_free(d->graph[i]);
+    for (int i = 0; i <= GPU_GRAPH_MAX; i++)
+        for (int k = 0; k < GPU_SPLIT_KINDS; k++) cuda_graph_free(d->graph[i][k]);
     cuda_free(d->k);
     free(d);
 }
@@ -447,25 +483,45 @@ static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, i
     const int qd = nh * hd, ld = qd + 2 * nkv * hd;
     const float eps = (float)c->eps;
     char *kc = d->k + d->layer_bytes * cl, *vc = d->v + d->layer_bytes * cl;
-    cuda_rmsnorm(g->xb, H, g->x, H, L->in_norm, n, H, eps);
-    mm(g->qkv, g->xb, &L->wqkv, n, 0);
+    /* decode: each RMSNorm and the SwiGLU inside a matmul's pass */
+    const int fused = n <= CUDA_MATVEC_MAX;
+    if (fused) cuda_matvec(g->qkv, g->x, 1, L->in_norm, eps, L->wqkv.d, L->wqkv.dtype, L->wqkv.rows, H, n, 0, 0);
+    else {
+        cuda_rmsnorm(g->xb, H, g->x, H, L->in_norm, n, H, eps);
+        mm(g->qkv, g->xb, &L->wqkv, n, 0);
+    }
     cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn, kc, vc,
                        d->f16, g->pos, n, nh, nkv, hd, c->rot_dim, d->cap, eps);
     cuda_attention(g->att, g->qkv, ld, kc, vc, d->f16, g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd),
-                   g->part, splits);
+                   g->part, g->count, splits);
     mm(g->x, g->att, &L->wo, n, 1);
-    cuda_rmsnorm(g->xb, H, g->x, H, L->post_norm, n, H, eps);
-    mm(g->gu, g->xb, &L->wgu, n, 0);
-    cuda_swiglu(g->hb, g->gu, n, c->ffn);
+    if (fused) cuda_matvec(g->hb, g->x, 1, L->post_norm, eps, L->wgu.d, L->wgu.dtype, L->wgu.rows, H, n, 1, 0);
+    else {
+        cuda_rmsnorm(g->xb, H, g->x, H, L->post_norm, n, H, eps);
+        mm(g->gu, g->xb, &L->wgu, n, 0);
+        cuda_swiglu(g->hb, g->gu, n, c->ffn);
+    }
     mm(g->x, g->hb, &L->wd, n, 1);
+}
+
+/* Attention's splits for n tokens after pos cached positions: what the
+ * positions there will be need, rounded up to a power of two (a graph
+ * each), within what the whole cache would take. *kind: its log2. */
+static int splits_for(const GpuModel *g, const GpuKV *d, int n, int pos, int *kind) {
+    const Config *c = &g->cfg;
+    const int most = cuda_attn_splits(n, c->n_heads, c->n_kv_heads, c->head_dim, d->cap, g->info.sm_count);
+    const int need = cuda_attn_splits(n, c->n_heads, c->n_kv_heads, c->head_dim, pos + n, g->info.sm_count);
+    int s = 1, k = 0;
+    while (s < need) s *= 2, k++;
+    *kind = k;
+    return s < most ? s : most;
 }
 
 /* The main model on n tokens already in g->tokens at g->pos: hidden states
  * in g->xb, and logits of the last lg_rows rows into g->logits. */
-static void forward_dev(GpuModel *g, GpuKV *d, int n, int lg_rows) {
+static void forward_dev(GpuModel *g, GpuKV *d, int n, int lg_rows, int splits) {
     const Config *c = &g->cfg;
     const int H = c->hidden;
-    const int splits = cuda_attn_splits(n, c->n_heads, c->n_kv_heads, c->head_dim, d->cap, g->info.sm_count);
     cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, n, H);
     for (int l = 0; l < c->n_layers; l++) layer_run(g, &g->layers[l], d, l, n, splits);
     cuda_rmsnorm(g->xb, H, g->x, H, g->final_norm, n, H, (float)c->eps);
@@ -478,18 +534,21 @@ static int step(GpuModel *g, GpuKV *d, const int *tokens, int n, int pos, int lg
     if (cuda_upload(g->tokens, tokens, (size_t)n * sizeof(int), "token ids", err, errlen) ||
         cuda_upload(g->pos, &pos, sizeof(int), "the position", err, errlen))
         return -1;
+    int kind;
+    const int splits = splits_for(g, d, n, pos, &kind);
     if (!g->graphs || n > GPU_GRAPH_MAX) {
-        forward_dev(g, d, n, lg_rows);
+        forward_dev(g, d, n, lg_rows, splits);
         return 0;
     }
     /* a captured step always makes every row's logits: at up to 8 rows the
      * lm_head's weights are read once either way */
-    if (!d->graph[n]) {
+    void **graph = &d->graph[n][kind];
+    if (!*graph) {
         if (cuda_graph_begin(err, errlen)) return -1;
-        forward_dev(g, d, n, n);
-        if (cuda_graph_end(&d->graph[n], err, errlen)) return -1;
+        forward_dev(g, d, n, n, splits);
+        if (cuda_graph_end(graph, err, errlen)) return -1;
     }
-    return cuda_graph_launch(d->graph[n], err, errlen);
+    return cuda_graph_launch(*graph, err, errlen);
 }
 
 int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t errlen) {
@@ -499,34 +558,33 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
     const int H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, qd = nh * hd;
     const int ld = qd + 2 * nkv * hd, pos = kv->dev_len, tok = 1;
     const float eps = (float)c->eps;
-    const int splits = cuda_attn_splits(1, nh, nkv, hd, d->cap, g->info.sm_count);
+    int kind;
+    const int splits = splits_for(g, d, 1, pos, &kind);
     if (cuda_upload(g->tokens, &tok, sizeof tok, "token ids", err, errlen) ||
         cuda_upload(g->pos, &pos, sizeof pos, "the position", err, errlen))
         return -1;
     cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, 1, H);
     /* each op alone, reps times back to back, on layer 0's weights */
-    for (int op = 0; op < 10; op++) {
-        static const char *const names[] = {"rmsnorm", "matmul q|k|v", "q/k norm + rope + store", "attention",
-                                            "matmul o + residual", "matmul gate|up", "swiglu",
+    for (int op = 0; op < 8; op++) {
+        static const char *const names[] = {"rmsnorm + matmul q|k|v", "q/k norm + rope + store", "attention",
+                                            "matmul o + residual", "rmsnorm + matmul gate|up + swiglu",
                                             "matmul down + residual", "matmul lm_head", "whole step (graph)"};
         cuda_timer_start();
         for (int r = 0; r < reps; r++) {
             switch (op) {
-            case 0: cuda_rmsnorm(g->xb, H, g->x, H, L->in_norm, 1, H, eps); break;
-            case 1: mm(g->qkv, g->xb, &L->wqkv, 1, 0); break;
-            case 2:
+            case 0: cuda_matvec(g->qkv, g->x, 1, L->in_norm, eps, L->wqkv.d, L->wqkv.dtype, L->wqkv.rows, H, 1, 0, 0); break;
+            case 1:
                 cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn,
                                    d->k, d->v, d->f16, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
                 break;
-            case 3:
+            case 2:
                 cuda_attention(g->att, g->qkv, ld, d->k, d->v, d->f16, g->pos, 1, nh, nkv, hd, d->cap,
-                               1.0f / sqrtf((float)hd), g->part, splits);
+                               1.0f / sqrtf((float)hd), g->part, g->count, splits);
                 break;
-            case 4: mm(g->x, g->att, &L->wo, 1, 1); break;
-            case 5: mm(g->gu, g->xb, &L->wgu, 1, 0); break;
-            case 6: cuda_swiglu(g->hb, g->gu, 1, c->ffn); break;
-            case 7: mm(g->x, g->hb, &L->wd, 1, 1); break;
-            case 8: mm(g->logits, g->xb, &g->lm_head, 1, 0); break;
+            case 3: mm(g->x, g->att, &L->wo, 1, 1); break;
+            case 4: cuda_matvec(g->hb, g->x, 1, L->post_norm, eps, L->wgu.d, L->wgu.dtype, L->wgu.rows, H, 1, 1, 0); break;
+            case 5: mm(g->x, g->hb, &L->wd, 1, 1); break;
+            case 6: mm(g->logits, g->xb, &g->lm_head, 1, 0); break;
             default:
                 if (step(g, d, &tok, 1, pos, 1, err, errlen)) return -1;
             }
@@ -579,8 +637,8 @@ int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *t
         cuda_rmsnorm(g->cat, 2 * H, g->x, H, g->mtp_norm_emb, nb, H, eps);
         cuda_rmsnorm(g->cat + H, 2 * H, g->xb, H, g->mtp_norm_hid, nb, H, eps);
         mm(g->x, g->cat, &g->mtp_fc, nb, 0);
-        layer_run(g, &g->mtp_layer, d, 0, nb,
-                  cuda_attn_splits(nb, c->n_heads, c->n_kv_heads, c->head_dim, d->cap, g->info.sm_count));
+        int kind;
+        layer_run(g, &g->mtp_layer, d, 0, nb, splits_for(g, d, nb, p, &kind));
         cuda_rmsnorm(g->xb, H, g->x, H, g->mtp_norm, nb, H, eps);
         if (lg_rows) mm(g->logits, g->xb + (size_t)(nb - lg_rows) * H, &g->lm_head, lg_rows, 0);
         if (lg_rows && cuda_download(all_logits ? logits + (size_t)off * V : logits, g->logits,

@@ -112,6 +112,31 @@ Test(cuda, matmul_matches_matmul_ref) {
             }
 }
 
+/* The decode matmul's fused forms give the bits of the kernels they fuse. */
+Test(cuda, matvec_fusions_equal_their_parts) {
+    need_gpu();
+    const int n = 3, H = 256, I = 4096;
+    Weight w;
+    void *hw = rand_weight(&w, DT_BF16, 2 * I, H);
+    float *x = malloc(n * H * 4), *nw = malloc(H * 4), *a = malloc(n * 2 * I * 4), *b = malloc(n * 2 * I * 4);
+    fill(x, n * H), fill(nw, H);
+    void *dw = up(hw, (size_t)2 * I * H * 2);
+    float *dx = up(x, n * H * 4), *dnw = up(nw, H * 4), *dxb = up(NULL, n * H * 4), *dgu = up(NULL, n * 2 * I * 4),
+          *dy1 = up(NULL, n * 2 * I * 4), *dy2 = up(NULL, n * 2 * I * 4);
+    cuda_rmsnorm(dxb, H, dx, H, dnw, n, H, 1e-6f);
+    cuda_matmul(dy1, dxb, dw, CUDA_BF16, 2 * I, H, n, 0);
+    cuda_matvec(dy2, dx, 1, dnw, 1e-6f, dw, CUDA_BF16, 2 * I, H, n, 0, 0);
+    down(a, dy1, n * 2 * I * 4), down(b, dy2, n * 2 * I * 4);
+    cr_expect(memcmp(a, b, n * 2 * I * 4) == 0, "rmsnorm inside the matmul differs from rmsnorm then matmul");
+    cuda_matmul(dgu, dxb, dw, CUDA_BF16, 2 * I, H, n, 0);
+    cuda_swiglu(dy1, dgu, n, I);
+    cuda_matvec(dy2, dx, 1, dnw, 1e-6f, dw, CUDA_BF16, 2 * I, H, n, 1, 0);
+    down(a, dy1, n * I * 4), down(b, dy2, n * I * 4);
+    cr_expect(memcmp(a, b, n * I * 4) == 0, "rmsnorm + matmul + swiglu in one pass differs from the three");
+    cuda_free(dw), cuda_free(dx), cuda_free(dnw), cuda_free(dxb), cuda_free(dgu), cuda_free(dy1), cuda_free(dy2);
+    free(hw), free(x), free(nw), free(a), free(b);
+}
+
 Test(cuda, row_ops_match_the_c_ones) {
     need_gpu();
     const int n = 7, H = 1000;
@@ -124,10 +149,11 @@ Test(cuda, row_ops_match_the_c_ones) {
     cuda_rmsnorm(dy, H, dx, H, dw, n, H, 1e-6f);
     down(got, dy, n * H * 4);
     cr_expect(rel_err(got, want, n * H) <= 1e-6, "rmsnorm: %g", rel_err(got, want, n * H));
-    /* swiglu on gate | up rows: expf on both sides, each within 2 ulp */
-    for (int i = 0; i < n; i++) {
-        memcpy(want + i * H, gu + 2 * i * H, H * 4);
-        swiglu_ref(want + i * H, gu + 2 * i * H + H, H);
+    /* swiglu on interleaved gate, up: expf on both sides, each within 2 ulp */
+    for (int i = 0; i < n * H; i++) {
+        float g = gu[2 * i], u = gu[2 * i + 1];
+        swiglu_ref(&g, &u, 1);
+        want[i] = g;
     }
     cuda_swiglu(dy, dgu, n, H);
     down(got, dy, n * H * 4);
@@ -264,10 +290,19 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
     void *dkc = up(kc, cbytes), *dvc = up(vc, cbytes);
     float *dq = up(q, (size_t)n * nh * hd * 4), *dout = up(NULL, (size_t)n * nh * hd * 4);
     float *dpart = up(NULL, cuda_attn_part_floats(n, nh, hd, splits) * 4);
+    int *dcount = up(NULL, (size_t)n * nkv * sizeof(int));
+    cuda_memset(dcount, 0, (size_t)n * nkv * sizeof(int));
     int *dpos = up(&pos, sizeof pos);
     cuda_attention(dout, dq, nh * hd, dkc, dvc, f16, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
-                   splits);
+                   dcount, splits);
     down(got, dout, (size_t)n * nh * hd * 4);
+    /* again over the same scratch: its split counters were left at zero */
+    float *again = malloc((size_t)n * nh * hd * 4);
+    cuda_attention(dout, dq, nh * hd, dkc, dvc, f16, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
+                   dcount, splits);
+    down(again, dout, (size_t)n * nh * hd * 4);
+    cr_expect(memcmp(got, again, (size_t)n * nh * hd * 4) == 0, "a second call over the same scratch differs");
+    free(again);
     /* per (token, head): error over the output's norm */
     for (int r = 0; r < n * nh; r++) {
         double d = 0, w = 0;
@@ -278,7 +313,7 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
         cr_expect(sqrt(d / w) <= 1e-5, "%s hd %d nkv %d gqa %d pos %d n %d: token %d head %d: relative error %g",
                   scheme, hd, nkv, gqa, pos, n, r / nh, r % nh, sqrt(d / w));
     }
-    cuda_free(dkc), cuda_free(dvc), cuda_free(dq), cuda_free(dout), cuda_free(dpart), cuda_free(dpos);
+    cuda_free(dkc), cuda_free(dvc), cuda_free(dq), cuda_free(dout), cuda_free(dpart), cuda_free(dcount), cuda_free(dpos);
     free(K), free(Vv), free(q), free(want), free(got), free(kc), free(vc);
 }
 
@@ -344,6 +379,25 @@ Test(cuda, shipped_model_matches_golden_logits) {
         worst = fmax(worst, max_abs(step, want + (size_t)i * V, V, &at));
     }
     cr_expect(worst <= 1e-4, "decode step by step: max-abs %g", worst);
+    /* past 128 and 256 positions, decode takes more splits (a graph per
+     * count): the passage repeated to 500 tokens, one prefill against
+     * step-by-step decode */
+    enum { LONG = 500 };
+    int *rep = malloc(LONG * sizeof(int));
+    float *all = malloc((size_t)LONG * V * 4);
+    for (int i = 0; i < LONG; i++) rep[i] = ids[i % n];
+    kv_cache_truncate(&kv, 0);
+    cr_assert_eq(model_forward(&m, &kv, rep, LONG, all, 1, NULL, err, sizeof err), 0, "%s", err);
+    kv_cache_truncate(&kv, 0);
+    worst = 0;
+    int worst_at = 0;
+    for (int i = 0; i < LONG; i++) {
+        cr_assert_eq(model_forward(&m, &kv, rep + i, 1, step, 0, NULL, err, sizeof err), 0, "%s", err);
+        const double e1 = max_abs(step, all + (size_t)i * V, V, &at);
+        if (e1 > worst) worst = e1, worst_at = i;
+    }
+    cr_expect(worst <= 1e-4, "500 positions, prefill against decode: max-abs %g at position %d", worst, worst_at);
+    free(rep), free(all);
     free(want), free(mwant), free(got), free(hidden), free(step);
     kv_cache_free(&kv), kv_cache_free(&mkv);
     model_free(&m);
