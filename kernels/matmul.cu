@@ -69,6 +69,14 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const f
     __shared__ double sh[32];
     __shared__ float inv[NT], red[GEMV_WARPS][2 * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r = blockIdx.x * (GEMV_WARPS / ks) + warp / ks, slice = warp % ks;
+    /* the first stretch of this warp's row into L2 while the norm is found */
+    if (XM && r < rows)
+        for (int p = 0; p <= PAIR; p++)
+            for (int c = (slice * 32 + lane) * 8, i = 0; c < cols && i < 4; c += 256 * ks, i++) {
+                const size_t at = ((size_t)((PAIR ? 2 * r : r) + p) * cols + c) * (DT == CUDA_F32 ? 4 : 2);
+                asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)W + at));
+            }
     if (XM) {
         for (int t = 0; t < n; t++) {
             double ss = 0;
@@ -78,7 +86,6 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const f
         }
         __syncthreads();
     }
-    const int r = blockIdx.x * (GEMV_WARPS / ks) + warp / ks, slice = warp % ks;
     float acc[PAIR + 1][NT];
 #pragma unroll
     for (int p = 0; p <= PAIR; p++)
