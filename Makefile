@@ -28,7 +28,8 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 # whenever nvcc is found: CUDA=0 builds without it. The runtime is linked
 # statically, so the binary also starts on machines with no GPU or driver
 # (and runs on the CPU there). SASS for each of CUDA_ARCHS, plus PTX of the
-# newest for the driver to compile on later GPUs.
+# oldest, which the driver compiles for any later GPU without SASS here
+# (sm_100, sm_110, ...).
 CUDA_HOME  ?= /usr/local/cuda
 NVCC       ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
 CUDA       ?= $(if $(NVCC),1,0)
@@ -41,7 +42,7 @@ CFLAGS   += -DUSE_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 NVFLAGS  ?= -O3 -std=c++17 -lineinfo --threads 0 -Xcompiler -Wall,-Wextra --Werror all-warnings
 NVGENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
-	-gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+	-gencode arch=compute_$(firstword $(CUDA_ARCHS)),code=compute_$(firstword $(CUDA_ARCHS))
 $(BUILD)/%.cu.o: %.cu $(HDRS) kernels/cuda_common.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $(NVGENCODE) -I. -DUSE_CUDA \
@@ -95,7 +96,8 @@ test: $(BUILD)/run $(BUILD)/test_all $(BUILD)/make_model $(BUILD)/bench $(BUILD)
 	OMP_WAIT_POLICY=passive RUN_BIN=$(BUILD)/run TOOLS_DIR=$(BUILD) $(BUILD)/test_all $(TEST_ARGS)
 
 test-asan:
-	$(MAKE) test BUILD=build-asan CUDA=0 OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+	$(MAKE) test BUILD=build-asan CUDA=0 \
+		OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
 		LDLIBS="-lm -fopenmp -fsanitize=address,undefined"
 
 # The same test sources without Criterion: tests/runner/ is a small runner
@@ -218,7 +220,7 @@ bench: $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/run bench/qwen3-0.6b bench/qw
 	$(BUILD)/bench bench/qwen3.5-0.8b --threads 2 --ctx 4096 --kv f16 --vs bench/qwen3-0.6b
 
 clean:
-	rm -rf build build-asan build-fuzz build-aarch64 run models/qwen3-kjv-mtp.bin
+	rm -rf build build-asan build-fuzz build-aarch64 build-gpu run models/qwen3-kjv-mtp.bin
 
 # The README's plot, from the command the README shows.
 figures: all

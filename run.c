@@ -166,7 +166,8 @@ static void usage(FILE *f) {
         fprintf(f, "  %-8s %6.3f  %s\n", kv_schemes[i]->name, kv_schemes[i]->bits(128, &o), kv_schemes[i]->desc);
     fprintf(f, "environment: RUN_ISA=ref|avx2|avx512|avx512vnni forces a lower kernel level; RUN_MMAP=1 reads\n"
                "  the weights where the files are mapped instead of copying them into memory in huge pages\n"
-               "  (where the AVX-512 kernels get bf16 relaid in 32-row panels, their faster layout)\n");
+               "  (where the AVX-512 kernels get bf16 relaid in 32-row panels, their faster layout);\n"
+               "  RUN_CUDA_GRAPHS=0 launches a GPU step's kernels one by one instead of as a CUDA graph\n");
     fprintf(f, "exit codes: 0 ok, 1 runtime error, 2 usage error, 130 interrupted\n");
 }
 
@@ -416,7 +417,7 @@ typedef struct {
 } Run;
 
 /* The bytes the model's tensors take (on the CPU). */
-static size_t model_bytes(const Model *m) {
+static size_t weight_bytes(const Model *m) {
     size_t b = 0;
     for (int i = 0; i < m->ts.n_tensors; i++) b += m->ts.tensors[i].nbytes;
     return b;
@@ -453,7 +454,7 @@ static void print_stats(const Run *r, const KVCache *kv) {
     const GpuModel *g = r->m.gpu;
     const double mem = g ? (double)gpu_model_mem(g) : (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     fprintf(stderr, " device=%s device_mem_bytes=%.0f model_bytes=%zu\n", g ? "cuda" : "cpu", mem,
-            g ? gpu_model_bytes(g) : model_bytes(&r->m));
+            g ? gpu_model_bytes(g) : weight_bytes(&r->m));
 }
 
 /* ---------------------------------------------------------- generation */
@@ -1144,27 +1145,45 @@ static int parse_schemes(Run *r, char *err, size_t errlen) {
     return 0;
 }
 
-/* config.json, the vocabulary check, the weights (-wq, -act) and
- * generation_config.json. */
+/* Whether the run's options ask for what the GPU path does not take: 0,
+ * or 1 with a line in err (the usage error of -dev cuda; auto takes the
+ * CPU then). What the model's config rules out is gpu_supports'. */
+static int gpu_refuses_options(const Args *a, const KVSpec *spec, char *err, size_t errlen) {
+    const char *mode = a->mode;
+    if (!strcmp(mode, "compare") || !strcmp(mode, "kvstats"))
+        snprintf(err, errlen, "-dev cuda: -m %s runs on the CPU only (so far; use -dev cpu)", mode);
+    else if (a->wq_q8) snprintf(err, errlen, "-dev cuda: -wq q8 has no CUDA kernel yet (use -wq stored or -dev cpu)");
+    else if (a->act_bf16) snprintf(err, errlen, "-dev cuda: -act bf16 is the CPU's AVX-512 BF16 mode (use -act f32 or "
+                                   "-dev cpu)");
+    else if (strcmp(spec->k->name, "f32") && strcmp(spec->k->name, "f16"))
+        snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32 and f16 do; use -dev cpu)",
+                 spec->k->name);
+    else if (spec->k != spec->v)
+        snprintf(err, errlen, "-dev cuda: K and V in different schemes (%s/%s): the CUDA cache takes one",
+                 spec->k->name, spec->v->name);
+    else return 0;
+    return 1;
+}
+
+static int dev_is_cuda(const Run *r) { return r->a.dev && !strcmp(r->a.dev, "cuda"); }
+
 /* -dev: 1 when the forward goes to the GPU, else 0; -1 with err when
  * -dev cuda asks for what cannot run there (auto takes the CPU then). */
 static int choose_device(const Run *r, char *err, size_t errlen) {
-    const char *dev = r->a.dev ? r->a.dev : "auto", *mode = r->a.mode;
+    const char *dev = r->a.dev ? r->a.dev : "auto";
     if (!strcmp(dev, "cpu")) return 0;
     char why[600] = "";
     CudaInfo info;
     if (!cuda_built() || !cuda_device_count()) cuda_open(&info, why, sizeof why);
-    else if (strcmp(mode, "generate") && strcmp(mode, "chat") && strcmp(mode, "ppl") && strcmp(mode, "logits"))
-        snprintf(why, sizeof why, "-dev cuda: -m %s runs on the CPU only (so far)", mode);
-    else if (r->a.wq_q8) snprintf(why, sizeof why, "-dev cuda: -wq q8 has no CUDA kernel yet (use -wq stored)");
-    else if (r->a.act_bf16) snprintf(why, sizeof why, "-dev cuda: -act bf16 is the CPU's AVX-512 BF16 mode");
-    else gpu_supports(&r->cfg, &r->spec, why, sizeof why);
+    else if (!gpu_refuses_options(&r->a, &r->spec, why, sizeof why)) gpu_supports(&r->cfg, &r->spec, why, sizeof why);
     if (!why[0]) return 1;
-    if (strcmp(dev, "cuda")) return 0;
+    if (!dev_is_cuda(r)) return 0;
     snprintf(err, errlen, "%s", why);
     return -1;
 }
 
+/* config.json, the vocabulary check, the device, the weights (-wq, -act)
+ * and generation_config.json. */
 static int open_model(Run *r) {
     char err[1024];
     /* the vocabulary check comes first: a mismatched tokenizer would also
@@ -1175,11 +1194,11 @@ static int open_model(Run *r) {
                  r->src.path, r->cfg.vocab_size, tok_vocab_size(&r->tok));
         goto fail;
     }
-    /* weights read into memory (faster decode) unless RUN_MMAP=1, or -wq q8
-     * converts them anyway (a copy would only leave the originals resident) */
     const int gpu = choose_device(r, err, sizeof err);
     if (gpu < 0) goto fail;
-    /* the GPU takes the weights as stored, straight from the mapping */
+    /* weights read into memory (faster decode) unless RUN_MMAP=1, or -wq q8
+     * converts them anyway (a copy would only leave the originals
+     * resident), or the GPU takes them as stored, straight from the mapping */
     const char *keep = getenv("RUN_MMAP");
     const int mapped = gpu || r->a.wq_q8 || (keep && strcmp(keep, "1") == 0);
     if (model_load_source(&r->m, &r->src, (mapped ? MODEL_MAPPED : 0) | (r->a.act_bf16 ? MODEL_ACT_BF16 : 0), err,
@@ -1188,10 +1207,16 @@ static int open_model(Run *r) {
     r->have_model = 1;
     if (gpu) {
         double t0 = now();
-        if (model_to_gpu(&r->m, err, sizeof err)) goto fail;
-        char hb[32];
-        human_bytes((double)gpu_model_bytes(r->m.gpu), hb, sizeof hb);
-        fprintf(stderr, "device: %s, weights %s uploaded in %.2f s\n", gpu_model_device(r->m.gpu), hb, now() - t0);
+        if (model_to_gpu(&r->m, err, sizeof err)) {
+            /* auto: where the GPU cannot take the model (its memory, say), the CPU still can */
+            if (dev_is_cuda(r)) goto fail;
+            fprintf(stderr, "note: running on the CPU: %s\n", err);
+        } else {
+            char hb[32];
+            human_bytes((double)gpu_model_bytes(r->m.gpu), hb, sizeof hb);
+            fprintf(stderr, "device: %s, weights %s uploaded in %.2f s\n", gpu_model_device(r->m.gpu), hb,
+                    now() - t0);
+        }
     }
     if (r->a.wq_q8) {
         double t0 = now();
@@ -1255,7 +1280,14 @@ static int open_cache(Run *r, KVCache *kv) {
                         "memory (lower -c, or pick a smaller -kv scheme)\n", r->ctx, hn, hh);
         return 1;
     }
-    if (model_kv_init(&r->m, kv, &r->spec, r->ctx, 0, err, sizeof err)) {
+    int rc = model_kv_init(&r->m, kv, &r->spec, r->ctx, 0, err, sizeof err);
+    /* auto: a cache the GPU has no room for goes to the CPU, and the model with it */
+    if (rc && r->m.gpu && !dev_is_cuda(r)) {
+        fprintf(stderr, "note: running on the CPU: %s\n", err);
+        model_drop_gpu(&r->m);
+        rc = model_kv_init(&r->m, kv, &r->spec, r->ctx, 0, err, sizeof err);
+    }
+    if (rc) {
         fprintf(stderr, "error: %s\n", err);
         return 1;
     }
@@ -1305,6 +1337,8 @@ int main(int argc, char **argv) {
     char err[1024], model_buf[4200];
     if (kernels_check_env(err, sizeof err)) return usage_error("%s", err);
     if (parse_schemes(&r, err, sizeof err)) return usage_error("%s", err);
+    if (r.a.dev && !strcmp(r.a.dev, "cuda") && gpu_refuses_options(&r.a, &r.spec, err, sizeof err))
+        return usage_error("%s", err);
     if (r.a.threads) omp_set_num_threads(r.a.threads);
     const char *path = r.a.model ? r.a.model : default_model(model_buf, sizeof model_buf);
     if (source_open(&r.src, path, err, sizeof err)) {

@@ -36,7 +36,8 @@ static __host__ __device__ constexpr int at_rows(int hd) { return hd == 128 ? 16
 template <bool F16, int N> __device__ __forceinline__ void row_load(const char *row, int d, float *o) {
     if (F16 && N == 4) {
         const uint2 u = *(const uint2 *)((const __half *)row + d);
-        o[0] = f16_f32(u.x & 0xffff), o[1] = f16_f32(u.x >> 16), o[2] = f16_f32(u.y & 0xffff), o[3] = f16_f32(u.y >> 16);
+        o[0] = f16_f32(u.x & 0xffff), o[1] = f16_f32(u.x >> 16);
+        o[2] = f16_f32(u.y & 0xffff), o[3] = f16_f32(u.y >> 16);
     } else if (F16) {
 #pragma unroll
         for (int c = 0; c < N / 8; c++) {
@@ -89,135 +90,136 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
     const int j0 = sp * per, j1 = j0 + per < L ? j0 + per : L;
     float *pacc = part, *pml = part + (size_t)n * nh * splits * HD;
     if (j0 >= j1) {
-        /* an empty split (a short context): m = -inf, l = 0, which the
-         * combine skips without reading its sums */
+        /* an empty split (fewer positions than splits x 128): m = -inf,
+         * l = 0, which the merge below skips without reading its sums */
         if (tid < R) {
             const size_t at = ((size_t)(i0 + tid / gqa) * nh + h * gqa + tid % gqa) * splits + sp;
             pml[2 * at] = -INFINITY, pml[2 * at + 1] = 0;
         }
     } else {
-    for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
-        const int r = e / HD, d = e % HD;
-        qs[e] = q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] * scale;
-    }
-    __syncthreads();
-    const size_t row_bytes = (size_t)HD * (F16 ? 2 : 4);
-    const char *K = (const char *)kc + (size_t)h * cap * row_bytes, *V = (const char *)vc + (size_t)h * cap * row_bytes;
-    const int wj0 = j0 + warp * (per / AT_WARPS), wj1 = wj0 + per / AT_WARPS < j1 ? wj0 + per / AT_WARPS : j1;
-    float m[MAXR], l[MAXR], acc[MAXR][DL];
-#pragma unroll
-    for (int r = 0; r < MAXR; r++) {
-        m[r] = -INFINITY, l[r] = 0;
-#pragma unroll
-        for (int e = 0; e < DL; e++) acc[r][e] = 0;
-    }
-    for (int base = wj0; base < wj1; base += 32) {
-        const int cnt = wj1 - base < 32 ? wj1 - base : 32;
-        float mine[MAXR]; /* this lane's position's score, per row */
-#pragma unroll
-        for (int r = 0; r < MAXR; r++) mine[r] = 0;
-        for (int k0 = 0; k0 < 16; k0 += LOOK) {
-            float kr[LOOK][DPL];
-#pragma unroll
-            for (int u = 0; u < LOOK; u++) {
-                const int jj = 2 * (k0 + u) + hw;
-                if (jj < cnt) row_load<F16, DPL>(K + (size_t)(base + jj) * row_bytes, hl * DPL, kr[u]);
-                else
-#pragma unroll
-                    for (int e = 0; e < DPL; e++) kr[u][e] = 0;
-            }
-#pragma unroll
-            for (int u = 0; u < LOOK; u++)
-#pragma unroll
-                for (int r = 0; r < MAXR; r++)
-                    if (r < R) {
-                        const float *qq = qs + r * HD + hl * DPL;
-                        float t = 0;
-#pragma unroll
-                        for (int e = 0; e < DPL; e += 4) {
-                            const float4 a = *(const float4 *)(qq + e);
-                            t = fmaf(a.x, kr[u][e], t), t = fmaf(a.y, kr[u][e + 1], t);
-                            t = fmaf(a.z, kr[u][e + 2], t), t = fmaf(a.w, kr[u][e + 3], t);
-                        }
-                        t += __shfl_xor_sync(0xffffffffu, t, 8);
-                        t += __shfl_xor_sync(0xffffffffu, t, 4);
-                        t += __shfl_xor_sync(0xffffffffu, t, 2);
-                        t += __shfl_xor_sync(0xffffffffu, t, 1);
-                        /* position 2 (k0 + u) + h sits in half-warp h; lane k keeps position k's */
-                        const float o = __shfl_sync(0xffffffffu, t, (lane & 1) << 4);
-                        if ((lane >> 1) == k0 + u) mine[r] = o;
-                    }
+        for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
+            const int r = e / HD, d = e % HD;
+            qs[e] = q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] * scale;
         }
-        const int j = base + lane;
+        __syncthreads();
+        const size_t row_bytes = (size_t)HD * (F16 ? 2 : 4);
+        const char *K = (const char *)kc + (size_t)h * cap * row_bytes;
+        const char *V = (const char *)vc + (size_t)h * cap * row_bytes;
+        const int wj0 = j0 + warp * (per / AT_WARPS), wj1 = wj0 + per / AT_WARPS < j1 ? wj0 + per / AT_WARPS : j1;
+        float m[MAXR], l[MAXR], acc[MAXR][DL];
+#pragma unroll
+        for (int r = 0; r < MAXR; r++) {
+            m[r] = -INFINITY, l[r] = 0;
+#pragma unroll
+            for (int e = 0; e < DL; e++) acc[r][e] = 0;
+        }
+        for (int base = wj0; base < wj1; base += 32) {
+            const int cnt = wj1 - base < 32 ? wj1 - base : 32;
+            float mine[MAXR]; /* this lane's position's score, per row */
+#pragma unroll
+            for (int r = 0; r < MAXR; r++) mine[r] = 0;
+            for (int k0 = 0; k0 < 16; k0 += LOOK) {
+                float kr[LOOK][DPL];
+#pragma unroll
+                for (int u = 0; u < LOOK; u++) {
+                    const int jj = 2 * (k0 + u) + hw;
+                    if (jj < cnt) row_load<F16, DPL>(K + (size_t)(base + jj) * row_bytes, hl * DPL, kr[u]);
+                    else
+#pragma unroll
+                        for (int e = 0; e < DPL; e++) kr[u][e] = 0;
+                }
+#pragma unroll
+                for (int u = 0; u < LOOK; u++)
+#pragma unroll
+                    for (int r = 0; r < MAXR; r++)
+                        if (r < R) {
+                            const float *qq = qs + r * HD + hl * DPL;
+                            float t = 0;
+#pragma unroll
+                            for (int e = 0; e < DPL; e += 4) {
+                                const float4 a = *(const float4 *)(qq + e);
+                                t = fmaf(a.x, kr[u][e], t), t = fmaf(a.y, kr[u][e + 1], t);
+                                t = fmaf(a.z, kr[u][e + 2], t), t = fmaf(a.w, kr[u][e + 3], t);
+                            }
+                            t += __shfl_xor_sync(0xffffffffu, t, 8);
+                            t += __shfl_xor_sync(0xffffffffu, t, 4);
+                            t += __shfl_xor_sync(0xffffffffu, t, 2);
+                            t += __shfl_xor_sync(0xffffffffu, t, 1);
+                            /* position 2 (k0 + u) + h sits in half-warp h; lane k keeps position k's */
+                            const float o = __shfl_sync(0xffffffffu, t, (lane & 1) << 4);
+                            if ((lane >> 1) == k0 + u) mine[r] = o;
+                        }
+            }
+            const int j = base + lane;
+#pragma unroll
+            for (int r = 0; r < MAXR; r++)
+                if (r < R) {
+                    const float sc = lane < cnt && j <= pos0 + i0 + r / gqa ? mine[r] : -INFINITY;
+                    const float mnew = fmaxf(m[r], warp_max(sc));
+                    float p = 0, alpha = 1;
+                    if (mnew != -INFINITY) {
+                        alpha = m[r] == -INFINITY ? 0 : expf(m[r] - mnew);
+                        p = sc == -INFINITY ? 0 : expf(sc - mnew);
+                    }
+                    l[r] = l[r] * alpha + warp_sum(p);
+                    m[r] = mnew;
+#pragma unroll
+                    for (int e = 0; e < DL; e++) acc[r][e] *= alpha;
+                    ps[(warp * MAXR + r) * 32 + lane] = p;
+                }
+            __syncwarp();
+            for (int v0 = 0; v0 < cnt; v0 += VLOOK) {
+                float vr[VLOOK][DL];
+#pragma unroll
+                for (int u = 0; u < VLOOK; u++) {
+                    if (v0 + u < cnt) row_load<F16, DL>(V + (size_t)(base + v0 + u) * row_bytes, lane * DL, vr[u]);
+                    else
+#pragma unroll
+                        for (int e = 0; e < DL; e++) vr[u][e] = 0;
+                }
+#pragma unroll
+                for (int u = 0; u < VLOOK; u++)
+#pragma unroll
+                    for (int r = 0; r < MAXR; r++)
+                        if (r < R && v0 + u < cnt) {
+                            const float p = ps[(warp * MAXR + r) * 32 + v0 + u];
+#pragma unroll
+                            for (int e = 0; e < DL; e++) acc[r][e] = fmaf(p, vr[u][e], acc[r][e]);
+                        }
+            }
+            __syncwarp();
+        }
+        __syncthreads(); /* qs and ps are done with: the merge reuses sm */
+        float *wacc = sm;
 #pragma unroll
         for (int r = 0; r < MAXR; r++)
             if (r < R) {
-                const float sc = lane < cnt && j <= pos0 + i0 + r / gqa ? mine[r] : -INFINITY;
-                const float mnew = fmaxf(m[r], warp_max(sc));
-                float p = 0, alpha = 1;
-                if (mnew != -INFINITY) {
-                    alpha = m[r] == -INFINITY ? 0 : expf(m[r] - mnew);
-                    p = sc == -INFINITY ? 0 : expf(sc - mnew);
+#pragma unroll
+                for (int e = 0; e < DL; e++) wacc[(warp * MAXR + r) * HD + lane * DL + e] = acc[r][e];
+                if (lane == 0) wm[warp][r] = m[r], wl[warp][r] = l[r];
+            }
+        __syncthreads();
+        for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
+            const int r = e / HD, d = e % HD;
+            float M = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, wm[w][r]);
+            float num = 0, den = 0;
+#pragma unroll
+            for (int w = 0; w < AT_WARPS; w++)
+                if (wm[w][r] != -INFINITY) {
+                    const float c = expf(wm[w][r] - M);
+                    num = fmaf(c, wacc[(w * MAXR + r) * HD + d], num);
+                    den = fmaf(c, wl[w][r], den);
                 }
-                l[r] = l[r] * alpha + warp_sum(p);
-                m[r] = mnew;
-#pragma unroll
-                for (int e = 0; e < DL; e++) acc[r][e] *= alpha;
-                ps[(warp * MAXR + r) * 32 + lane] = p;
+            const size_t row = (size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa, at = row * splits + sp;
+            /* one split: this is the answer */
+            if (splits == 1) out[row * HD + d] = num / den;
+            else {
+                pacc[at * HD + d] = num;
+                if (d == 0) pml[2 * at] = M, pml[2 * at + 1] = den;
             }
-        __syncwarp();
-        for (int v0 = 0; v0 < cnt; v0 += VLOOK) {
-            float vr[VLOOK][DL];
-#pragma unroll
-            for (int u = 0; u < VLOOK; u++) {
-                if (v0 + u < cnt) row_load<F16, DL>(V + (size_t)(base + v0 + u) * row_bytes, lane * DL, vr[u]);
-                else
-#pragma unroll
-                    for (int e = 0; e < DL; e++) vr[u][e] = 0;
-            }
-#pragma unroll
-            for (int u = 0; u < VLOOK; u++)
-#pragma unroll
-                for (int r = 0; r < MAXR; r++)
-                    if (r < R && v0 + u < cnt) {
-                        const float p = ps[(warp * MAXR + r) * 32 + v0 + u];
-#pragma unroll
-                        for (int e = 0; e < DL; e++) acc[r][e] = fmaf(p, vr[u][e], acc[r][e]);
-                    }
         }
-        __syncwarp();
-    }
-    __syncthreads(); /* qs and ps are done with: the merge reuses sm */
-    float *wacc = sm;
-#pragma unroll
-    for (int r = 0; r < MAXR; r++)
-        if (r < R) {
-#pragma unroll
-            for (int e = 0; e < DL; e++) wacc[(warp * MAXR + r) * HD + lane * DL + e] = acc[r][e];
-            if (lane == 0) wm[warp][r] = m[r], wl[warp][r] = l[r];
-        }
-    __syncthreads();
-    for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
-        const int r = e / HD, d = e % HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, wm[w][r]);
-        float num = 0, den = 0;
-#pragma unroll
-        for (int w = 0; w < AT_WARPS; w++)
-            if (wm[w][r] != -INFINITY) {
-                const float c = expf(wm[w][r] - M);
-                num = fmaf(c, wacc[(w * MAXR + r) * HD + d], num);
-                den = fmaf(c, wl[w][r], den);
-            }
-        const size_t row = (size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa, at = row * splits + sp;
-        /* one split: this is the answer */
-        if (splits == 1) out[row * HD + d] = num / den;
-        else {
-            pacc[at * HD + d] = num;
-            if (d == 0) pml[2 * at] = M, pml[2 * at + 1] = den;
-        }
-    }
     }
     if (splits == 1) return;
     /* The last of the splits of this (kv head, chunk) to finish merges

@@ -60,7 +60,13 @@ extern "C" int cuda_open(CudaInfo *info, char *err, size_t errlen) {
     info->sm_count = p.multiProcessorCount;
     info->cc_major = p.major;
     info->cc_minor = p.minor;
-    cudaMemGetInfo(&info->mem_free, &info->mem_total);
+    info->mem_total = p.totalGlobalMem;
+    /* SASS for 8.0 and up, and PTX a later GPU compiles: nothing for older ones */
+    if (p.major < 8) {
+        snprintf(err, errlen, "-dev cuda: %s has compute capability %d.%d; this build runs on 8.0 and up", p.name,
+                 p.major, p.minor);
+        return -1;
+    }
     return 0;
 }
 

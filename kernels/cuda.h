@@ -32,7 +32,7 @@ int cuda_device_count(void);
 typedef struct {
     char name[256];
     int sm_count, cc_major, cc_minor;
-    size_t mem_total, mem_free; /* bytes, when opened */
+    size_t mem_total; /* bytes */
 } CudaInfo;
 
 /* Opens device 0 and the stream every launcher runs on. 0 ok, -1 with one
@@ -64,7 +64,8 @@ double cuda_timer_stop(void);
 /* CUDA graphs of the stream's work: cuda_graph_begin starts capturing,
  * cuda_graph_end instantiates what was captured into *graph (0 ok), and
  * cuda_graph_launch replays it. The captured kernels read positions and
- * token ids from device memory, so one graph serves every step. */
+ * token ids from device memory, so one graph serves every step of the
+ * same shape (model/gpu.c keys them by token and split count). */
 int cuda_graph_begin(char *err, size_t errlen);
 int cuda_graph_end(void **graph, char *err, size_t errlen);
 int cuda_graph_launch(void *graph, char *err, size_t errlen);
@@ -97,8 +98,9 @@ void cuda_swiglu(float *d_out, const float *d_gu, int n, int I);
  * random weights), and count f32 ones. */
 void cuda_fill_random(void *d_w, size_t count, unsigned long long seed, float scale);
 void cuda_fill_ones(float *d_x, size_t count);
-/* out[i] = argmax of row i of x [n, V], NaNs skipped, first of equals (argmax_ref). */
-void cuda_argmax(int *d_out, const float *d_x, int n, int V);
+/* *out = the first row of x [n, width] holding a NaN or an infinity, or
+ * INT_MAX (find_nonfinite). */
+void cuda_find_nonfinite(int *d_out, const float *d_x, int n, int width);
 
 /* ---- kernels/matmul.cu: twin of matmul_ref ---- */
 /* Rows of x up to which a matmul streams W once (the decode form). */

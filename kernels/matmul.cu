@@ -21,8 +21,9 @@
  * 2019). Other dtypes, and shapes off its 64 x 64 x 32 tiles, go through
  * f32 tiles staged in shared memory, each thread a 4 x 4 block of outputs.
  *
- * Every product is the C reference's (the widening is exact); the order of
- * the f32 sums differs, so results agree to rounding, not to the bit.
+ * The widening is exact, but the sums are f32 fmas in another order than
+ * the C reference's multiply-adds, so results agree to rounding, not to
+ * the bit.
  */
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -80,7 +81,8 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const f
     if (XM) {
         for (int t = 0; t < n; t++) {
             double ss = 0;
-            for (int j = threadIdx.x; j < cols; j += blockDim.x) ss += (double)x[(size_t)t * cols + j] * x[(size_t)t * cols + j];
+            const float *xt = x + (size_t)t * cols;
+            for (int j = threadIdx.x; j < cols; j += blockDim.x) ss += (double)xt[j] * xt[j];
             ss = block_sum_d(ss, sh);
             if (threadIdx.x == 0) inv[t] = (float)(1.0 / sqrt(ss / cols + (double)eps));
         }
@@ -185,7 +187,8 @@ __global__ void gemm_kernel(float *y, const float *x, const void *W, int rows, i
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int t = t0 + ty * 4 + i, r = r0 + tx * 4 + j;
-            if (t < n && r < rows) y[(size_t)t * rows + r] = add ? __fadd_rn(y[(size_t)t * rows + r], acc[i][j]) : acc[i][j];
+            if (t < n && r < rows)
+                y[(size_t)t * rows + r] = add ? __fadd_rn(y[(size_t)t * rows + r], acc[i][j]) : acc[i][j];
         }
 }
 

@@ -4,7 +4,8 @@
  * Data flow (model/gpu.c, per layer): rmsnorm -> matmul q|k|v ->
  * cuda_qk_rope_store (q in place, k and v into the cache) -> attention ->
  * matmul o + residual -> rmsnorm -> matmul gate|up -> swiglu -> matmul
- * down + residual. Each block works on one row (or one head of one token).
+ * down + residual; after the last layer, the check for NaN and infinity.
+ * Each block works on one row (or one head of one token).
  *
  * The arithmetic is the C reference's, operation for operation: sums of
  * squares in double, products and differences rounded one at a time
@@ -142,35 +143,28 @@ extern "C" void cuda_fill_ones(float *d_x, size_t count) {
     cuda_note("fill");
 }
 
-/* One block per row: each thread the first largest of its stride, then a
- * tree that keeps the larger value, or the lower index of equal ones. */
-__global__ void argmax_kernel(int *out, const float *x, int V) {
-    __shared__ float bv[1024];
-    __shared__ int bi[1024];
-    const float *r = x + (size_t)blockIdx.x * V;
-    float best = -INFINITY;
-    int idx = INT_MAX;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        const float v = r[j];
-        if (!isnan(v) && (idx == INT_MAX || v > best)) best = v, idx = j;
-    }
-    bv[threadIdx.x] = best;
-    bi[threadIdx.x] = idx;
+/* One block: each thread the lowest row of its elements that is NaN or
+ * infinite (the exponent all ones, as find_nonfinite tests), then the
+ * block's lowest. */
+__global__ void find_nonfinite_kernel(int *out, const float *x, int n, int width) {
+    __shared__ int low[1024];
+    int mine = INT_MAX;
+    const size_t count = (size_t)n * width;
+    for (size_t j = threadIdx.x; j < count; j += blockDim.x)
+        if ((__float_as_uint(x[j]) & 0x7F800000u) == 0x7F800000u) {
+            mine = (int)(j / width);
+            break; /* later elements of this thread lie in later rows */
+        }
+    low[threadIdx.x] = mine;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) {
-            const float ov = bv[threadIdx.x + s];
-            const int oi = bi[threadIdx.x + s];
-            if (oi != INT_MAX && (bi[threadIdx.x] == INT_MAX || ov > bv[threadIdx.x] ||
-                                  (ov == bv[threadIdx.x] && oi < bi[threadIdx.x])))
-                bv[threadIdx.x] = ov, bi[threadIdx.x] = oi;
-        }
+        if ((int)threadIdx.x < s) low[threadIdx.x] = min(low[threadIdx.x], low[threadIdx.x + s]);
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = bi[0] == INT_MAX ? 0 : bi[0];
+    if (threadIdx.x == 0) *out = low[0];
 }
 
-extern "C" void cuda_argmax(int *d_out, const float *d_x, int n, int V) {
-    argmax_kernel<<<n, 1024, 0, g_stream>>>(d_out, d_x, V);
-    cuda_note("argmax");
+extern "C" void cuda_find_nonfinite(int *d_out, const float *d_x, int n, int width) {
+    find_nonfinite_kernel<<<1, 1024, 0, g_stream>>>(d_out, d_x, n, width);
+    cuda_note("finiteness check");
 }

@@ -11,20 +11,23 @@
  * one matmul; gate and up interleave row by row (gate i at 2i, up i at
  * 2i + 1), so that one matmul pass ends in the SwiGLU. A decode step
  * (up to 8 tokens) also takes each RMSNorm into the matmul after it
- * (cuda_matvec): seven launches a layer.
+ * (cuda_matvec): six launches a layer.
  *
  *   device scratch      shape
  *   x, xb               [GPU_BATCH, H]      residual stream, normed copy
  *   qkv                 [GPU_BATCH, nh*hd + 2*nkv*hd]  q | k | v per token
  *   att                 [GPU_BATCH, nh*hd]  attention output
  *   gu, hb              [GPU_BATCH, 2*ffn], [GPU_BATCH, ffn]  MLP gate, up interleaved; swiglu
- *   logits              [GPU_BATCH, V]
+ *   logits              [GPU_LOGIT_ROWS, V] the lm_head's output, a block of rows at a time
  *   cat                 [GPU_BATCH, 2H]     MTP input
  *   part                attention splits (attn/attn.cu)
  *   tokens, pos         [GPU_BATCH], [1]    what the host sends per step
+ *   bad                 [1]                 the first row of hidden states not all finite
+ *   cs, sn              [max_pos, rot/2]    RoPE tables, made once at open
  */
 #include "model/gpu.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +38,8 @@
 
 /* Tokens per forward call on the device: prefill runs in chunks of this. */
 #define GPU_BATCH 512
+/* Rows of logits made per lm_head pass (all_logits in prefill takes several). */
+#define GPU_LOGIT_ROWS 64
 /* Forwards of up to this many tokens replay a captured graph. */
 #define GPU_GRAPH_MAX 8
 /* Graphs per token count: one per power-of-two split count of attention
@@ -61,9 +66,9 @@ int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen) 
                  "head at head_dim %d", c->n_heads, c->n_kv_heads, most, c->head_dim);
         return -1;
     }
-    if (c->hidden % 8 || c->ffn % 8 || (c->n_heads * c->head_dim) % 8) {
-        snprintf(err, errlen, "-dev cuda: hidden %d, intermediate %d: the CUDA matmul takes widths that are multiples of 8",
-                 c->hidden, c->ffn);
+    if (c->hidden % 8 || c->ffn % 8) {
+        snprintf(err, errlen, "-dev cuda: hidden %d, intermediate %d: the CUDA matmul takes widths that are "
+                 "multiples of 8", c->hidden, c->ffn);
         return -1;
     }
     if (spec) {
@@ -113,11 +118,9 @@ struct GpuModel {
     float rope_mscale;
     /* scratch (above) */
     float *x, *xb, *qkv, *att, *gu, *hb, *logits, *cat, *part;
-    int *tokens, *pos, *count; /* count: the attention's split counters [GPU_BATCH * nkv] */
+    int *tokens, *pos, *bad, *count; /* count: the attention's split counters [GPU_BATCH * nkv] */
     size_t part_floats;
-    /* RoPE tables [rope_cap, rot/2], grown by gpu_kv_init */
-    float *cs, *sn;
-    int rope_cap;
+    float *cs, *sn; /* RoPE tables [max_pos, rot/2]: captured graphs keep these pointers */
     int graphs; /* RUN_CUDA_GRAPHS is not 0 */
 };
 
@@ -137,15 +140,19 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 /* Bytes a weight takes in the arena; what cannot go up is refused in err. */
 static int weight_fits(const Weight *w, const char *name, size_t *total, char *err, size_t errlen) {
     if (w->dtype != DT_F32 && w->dtype != DT_F16 && w->dtype != DT_BF16) {
-        snprintf(err, errlen, "-dev cuda: %s is not in its stored dtype (converted or relaid at load): the GPU takes "
-                              "f32, f16 and bf16 weights (drop -wq q8)", name);
+        snprintf(err, errlen, "-dev cuda: %s is not in its stored layout (quantized or relaid for the CPU at load): "
+                              "the GPU takes f32, f16 and bf16 weights as stored (load with MODEL_MAPPED, no -wq q8)",
+                 name);
         return -1;
     }
     *total += align256((size_t)w->rows * w->cols * dtype_size(w->dtype));
     return 0;
 }
 
+/* The next bytes of the arena; NULL past its end (the sizing above is an
+ * upper bound, so that means a bug, reported as one). */
 static void *arena_take(GpuModel *g, size_t bytes) {
+    if (align256(bytes) > g->arena_bytes - g->used) return NULL;
     void *p = g->arena + g->used;
     g->used += align256(bytes);
     return p;
@@ -166,6 +173,7 @@ static int up_stacked(GpuModel *g, const Weight *const *w, int count, DevW *d, c
         bytes += (size_t)w[i]->rows * w[i]->cols * dtype_size(w[i]->dtype);
     }
     char *p = arena_take(g, bytes);
+    if (!p) { snprintf(err, errlen, "-dev cuda: %s: the weights outgrew the arena sized for them", name); return -1; }
     *d = (DevW){p, dtype_code(w[0]->dtype), rows, w[0]->cols};
     for (int i = 0; i < count; i++) {
         const size_t b = (size_t)w[i]->rows * w[i]->cols * dtype_size(w[i]->dtype);
@@ -195,14 +203,19 @@ static int up_interleaved(GpuModel *g, const Weight *wg, const Weight *wu, DevW 
         memcpy(h + (2 * i + 1) * row, (const char *)wu->data + i * row, row);
     }
     void *p = arena_take(g, bytes);
-    *d = (DevW){p, dtype_code(wg->dtype), 2 * wg->rows, wg->cols};
-    int rc = cuda_upload(p, h, bytes, name, err, errlen);
+    int rc = -1;
+    if (!p) snprintf(err, errlen, "-dev cuda: %s: the weights outgrew the arena sized for them", name);
+    else {
+        *d = (DevW){p, dtype_code(wg->dtype), 2 * wg->rows, wg->cols};
+        rc = cuda_upload(p, h, bytes, name, err, errlen);
+    }
     free(h);
     return rc;
 }
 
 static int up_vec(GpuModel *g, const float *v, int n, float **d, const char *name, char *err, size_t errlen) {
     *d = arena_take(g, (size_t)n * sizeof(float));
+    if (!*d) { snprintf(err, errlen, "-dev cuda: %s: the weights outgrew the arena sized for them", name); return -1; }
     return cuda_upload(*d, v, (size_t)n * sizeof(float), name, err, errlen);
 }
 
@@ -227,7 +240,38 @@ static int up_layer(GpuModel *g, const Layer *L, DevLayer *d, const char *name, 
            up_weight(g, &L->wd, &d->wd, name, err, errlen);
 }
 
-/* The device, the scratch, and the description; the arena is the caller's. */
+/* cos/sin for positions [0, max_pos), as model.c's rope_tables makes them,
+ * once: the graphs captured later keep these pointers. */
+static int rope_upload(GpuModel *g, char *err, size_t errlen) {
+    const int half = g->cfg.rot_dim / 2, cap = g->cfg.max_pos;
+    const size_t count = (size_t)cap * half;
+    float *h = malloc(2 * count * sizeof(float));
+    if (!h) {
+        snprintf(err, errlen, "out of memory for the RoPE tables of %d positions (max_position_embeddings)", cap);
+        return -1;
+    }
+    for (int p = 0; p < cap; p++)
+        for (int j = 0; j < half; j++) {
+            const double a = (double)p * g->inv_freq[j];
+            h[(size_t)p * half + j] = (float)cos(a) * g->rope_mscale;
+            h[count + (size_t)p * half + j] = (float)sin(a) * g->rope_mscale;
+        }
+    char what[96];
+    snprintf(what, sizeof what, "the RoPE tables of %d positions (max_position_embeddings)", cap);
+    float *d = cuda_alloc(2 * count * sizeof(float), what, err, errlen);
+    int rc = !d || cuda_upload(d, h, 2 * count * sizeof(float), "the RoPE tables", err, errlen);
+    free(h);
+    if (rc) {
+        cuda_free(d);
+        return -1;
+    }
+    g->cs = d;
+    g->sn = d + count;
+    return 0;
+}
+
+/* The device, the scratch, the RoPE tables and the description; the
+ * arena is the caller's. */
 static int open_common(GpuModel *g, char *err, size_t errlen) {
     const Config *c = &g->cfg;
     if (cuda_open(&g->info, err, errlen)) return -1;
@@ -241,9 +285,9 @@ static int open_common(GpuModel *g, char *err, size_t errlen) {
         const size_t f = cuda_attn_part_floats(n, c->n_heads, c->head_dim, s);
         if (f > g->part_floats) g->part_floats = f;
     }
-    const size_t floats = 2 * B * H + B * (2 * qd + 2 * kvd) + 3 * B * c->ffn + B * c->vocab_size + 2 * B * H +
-                          g->part_floats;
-    const size_t ints = B + 1 + B * c->n_kv_heads;
+    const size_t floats = 2 * B * H + B * (2 * qd + 2 * kvd) + 3 * B * c->ffn +
+                          (size_t)GPU_LOGIT_ROWS * c->vocab_size + 2 * B * H + g->part_floats;
+    const size_t ints = B + 2 + B * c->n_kv_heads;
     float *s = cuda_alloc(floats * sizeof(float) + ints * sizeof(int), "the activations' scratch", err, errlen);
     if (!s) return -1;
     g->x = s, s += B * H;
@@ -252,22 +296,21 @@ static int open_common(GpuModel *g, char *err, size_t errlen) {
     g->att = s, s += B * qd;
     g->gu = s, s += 2 * B * c->ffn;
     g->hb = s, s += B * c->ffn;
-    g->logits = s, s += B * c->vocab_size;
+    g->logits = s, s += (size_t)GPU_LOGIT_ROWS * c->vocab_size;
     g->cat = s, s += 2 * B * H;
     g->part = s, s += g->part_floats;
     g->tokens = (int *)s;
     g->pos = g->tokens + B;
-    g->count = g->pos + 1;
+    g->bad = g->pos + 1;
+    g->count = g->bad + 1;
     /* the attention's split counters start at zero (attn/attn.cu) */
     if (cuda_memset(g->count, 0, B * c->n_kv_heads * sizeof(int))) {
         snprintf(err, errlen, "CUDA: clearing the attention scratch failed");
         return -1;
     }
-    size_t fr = 0, tot = 0;
-    cuda_mem(&fr, &tot);
     snprintf(g->desc, sizeof g->desc, "%s (sm_%d%d, %d SMs, %.1f GB)", g->info.name, g->info.cc_major,
-             g->info.cc_minor, g->info.sm_count, tot / 1e9);
-    return 0;
+             g->info.cc_minor, g->info.sm_count, g->info.mem_total / 1e9);
+    return rope_upload(g, err, errlen);
 }
 
 int gpu_model_open(GpuModel **out, const Model *m, char *err, size_t errlen) {
@@ -290,8 +333,11 @@ int gpu_model_open(GpuModel **out, const Model *m, char *err, size_t errlen) {
         (!tied && weight_fits(&m->lm_head, "lm_head.weight", &total, err, errlen)))
         goto fail;
     total += align256((size_t)c->hidden * 4);
-    for (int l = 0; l < c->n_layers; l++)
-        if (layer_bytes(c, &m->layers[l], "a decoder layer", &total, err, errlen)) goto fail;
+    for (int l = 0; l < c->n_layers; l++) {
+        char what[64];
+        snprintf(what, sizeof what, "a matrix of layer %d", l);
+        if (layer_bytes(c, &m->layers[l], what, &total, err, errlen)) goto fail;
+    }
     g->has_mtp = m->has_mtp;
     if (g->has_mtp && (layer_bytes(c, &m->mtp_layer, "the MTP layer", &total, err, errlen) ||
                        weight_fits(&m->mtp_fc, "mtp.fc.weight", &total, err, errlen)))
@@ -403,38 +449,15 @@ static void kv_dev_free(void *p) {
     free(d);
 }
 
-/* cos/sin for positions [0, cap), as model.c's rope_tables makes them. */
-static int rope_upload(GpuModel *g, int cap, char *err, size_t errlen) {
-    if (cap <= g->rope_cap) return 0;
-    const int half = g->cfg.rot_dim / 2;
-    const size_t count = (size_t)cap * half;
-    float *h = malloc(2 * count * sizeof(float));
-    if (!h) { snprintf(err, errlen, "out of memory for the RoPE tables"); return -1; }
-    for (int p = 0; p < cap; p++)
-        for (int j = 0; j < half; j++) {
-            const double a = (double)p * g->inv_freq[j];
-            h[(size_t)p * half + j] = (float)cos(a) * g->rope_mscale;
-            h[count + (size_t)p * half + j] = (float)sin(a) * g->rope_mscale;
-        }
-    float *d = cuda_alloc(2 * count * sizeof(float), "the RoPE tables", err, errlen);
-    int rc = !d || cuda_upload(d, h, 2 * count * sizeof(float), "the RoPE tables", err, errlen);
-    free(h);
-    if (rc) {
-        cuda_free(d);
-        return -1;
-    }
-    cuda_free(g->cs);
-    g->cs = d;
-    g->sn = d + count;
-    g->rope_cap = cap;
-    return 0;
-}
-
 int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen) {
     const Config *c = &g->cfg;
     memset(kv, 0, sizeof *kv);
     if (ctx < 1) { snprintf(err, errlen, "context of %d positions: expected at least 1", ctx); return -1; }
-    if (gpu_supports(c, spec, err, errlen) || rope_upload(g, ctx, err, errlen)) return -1;
+    if (gpu_supports(c, spec, err, errlen)) return -1;
+    if (ctx > c->max_pos) {
+        snprintf(err, errlen, "context of %d positions: the model has %d (max_position_embeddings)", ctx, c->max_pos);
+        return -1;
+    }
     GpuKV *d = calloc(1, sizeof *d);
     if (!d) { snprintf(err, errlen, "out of memory"); return -1; }
     d->g = g;
@@ -518,26 +541,40 @@ static int splits_for(const GpuModel *g, const GpuKV *d, int n, int pos, int *ki
 }
 
 /* The main model on n tokens already in g->tokens at g->pos: hidden states
- * in g->xb, and logits of the last lg_rows rows into g->logits. */
+ * in g->xb (the first row not all finite in g->bad), and logits of the
+ * last lg_rows (<= GPU_LOGIT_ROWS) rows into g->logits. */
 static void forward_dev(GpuModel *g, GpuKV *d, int n, int lg_rows, int splits) {
     const Config *c = &g->cfg;
     const int H = c->hidden;
     cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, n, H);
     for (int l = 0; l < c->n_layers; l++) layer_run(g, &g->layers[l], d, l, n, splits);
     cuda_rmsnorm(g->xb, H, g->x, H, g->final_norm, n, H, (float)c->eps);
+    cuda_find_nonfinite(g->bad, g->xb, n, H);
     if (lg_rows) mm(g->logits, g->xb + (size_t)(n - lg_rows) * H, &g->lm_head, lg_rows, 0);
+}
+
+/* Logits of hidden rows [row0, row0 + rows) of g->xb into dst [rows, V],
+ * GPU_LOGIT_ROWS at a time. */
+static int logits_down(GpuModel *g, int row0, int rows, float *dst, char *err, size_t errlen) {
+    const int V = g->cfg.vocab_size, H = g->cfg.hidden;
+    for (int r = 0; r < rows; r += GPU_LOGIT_ROWS) {
+        const int k = rows - r < GPU_LOGIT_ROWS ? rows - r : GPU_LOGIT_ROWS;
+        mm(g->logits, g->xb + (size_t)(row0 + r) * H, &g->lm_head, k, 0);
+        if (cuda_download(dst + (size_t)r * V, g->logits, (size_t)k * V * 4, "the logits", err, errlen)) return -1;
+    }
+    return 0;
 }
 
 /* Tokens and position up; the graph of n tokens (captured on first use),
  * or the kernels one by one. */
-static int step(GpuModel *g, GpuKV *d, const int *tokens, int n, int pos, int lg_rows, char *err, size_t errlen) {
+static int step(GpuModel *g, GpuKV *d, const int *tokens, int n, int pos, char *err, size_t errlen) {
     if (cuda_upload(g->tokens, tokens, (size_t)n * sizeof(int), "token ids", err, errlen) ||
         cuda_upload(g->pos, &pos, sizeof(int), "the position", err, errlen))
         return -1;
     int kind;
     const int splits = splits_for(g, d, n, pos, &kind);
     if (!g->graphs || n > GPU_GRAPH_MAX) {
-        forward_dev(g, d, n, lg_rows, splits);
+        forward_dev(g, d, n, 0, splits);
         return 0;
     }
     /* a captured step always makes every row's logits: at up to 8 rows the
@@ -558,6 +595,7 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
     const int H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, qd = nh * hd;
     const int ld = qd + 2 * nkv * hd, pos = kv->dev_len, tok = 1;
     const float eps = (float)c->eps;
+    if (pos >= d->cap) { snprintf(err, errlen, "profiling: the cache is full (%d positions)", d->cap); return -1; }
     int kind;
     const int splits = splits_for(g, d, 1, pos, &kind);
     if (cuda_upload(g->tokens, &tok, sizeof tok, "token ids", err, errlen) ||
@@ -572,7 +610,8 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
         cuda_timer_start();
         for (int r = 0; r < reps; r++) {
             switch (op) {
-            case 0: cuda_matvec(g->qkv, g->x, 1, L->in_norm, eps, L->wqkv.d, L->wqkv.dtype, L->wqkv.rows, H, 1, 0, 0); break;
+            case 0: cuda_matvec(g->qkv, g->x, 1, L->in_norm, eps, L->wqkv.d, L->wqkv.dtype, L->wqkv.rows, H, 1, 0, 0);
+                break;
             case 1:
                 cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn,
                                    d->k, d->v, d->f16, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
@@ -582,11 +621,12 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
                                1.0f / sqrtf((float)hd), g->part, g->count, splits);
                 break;
             case 3: mm(g->x, g->att, &L->wo, 1, 1); break;
-            case 4: cuda_matvec(g->hb, g->x, 1, L->post_norm, eps, L->wgu.d, L->wgu.dtype, L->wgu.rows, H, 1, 1, 0); break;
+            case 4: cuda_matvec(g->hb, g->x, 1, L->post_norm, eps, L->wgu.d, L->wgu.dtype, L->wgu.rows, H, 1, 1, 0);
+                break;
             case 5: mm(g->x, g->hb, &L->wd, 1, 1); break;
             case 6: mm(g->logits, g->xb, &g->lm_head, 1, 0); break;
             default:
-                if (step(g, d, &tok, 1, pos, 1, err, errlen)) return -1;
+                if (step(g, d, &tok, 1, pos, err, errlen)) return -1;
             }
         }
         const double us = cuda_timer_stop() / reps * 1e6;
@@ -597,33 +637,46 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
 }
 
 int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
-                char *err, size_t errlen) {
+                int *bad, char *err, size_t errlen) {
     GpuKV *d = kv->dev;
     const int V = g->cfg.vocab_size, H = g->cfg.hidden, pos = kv->dev_len;
+    *bad = -1;
     for (int off = 0; off < n; off += GPU_BATCH) {
         const int nb = n - off < GPU_BATCH ? n - off : GPU_BATCH, last = off + nb == n;
         const int lg_rows = !logits ? 0 : all_logits ? nb : last ? 1 : 0;
-        if (step(g, d, tokens + off, nb, pos + off, lg_rows, err, errlen)) return -1;
-        /* a graph's logits are all rows'; else only the last lg_rows rows were made */
-        const float *src = g->logits + (size_t)(g->graphs && nb <= GPU_GRAPH_MAX ? nb - lg_rows : 0) * V;
-        if (lg_rows && cuda_download(all_logits ? logits + (size_t)off * V : logits, src, (size_t)lg_rows * V * 4,
-                                     "the logits", err, errlen))
+        int first = INT_MAX;
+        if (step(g, d, tokens + off, nb, pos + off, err, errlen) ||
+            cuda_download(&first, g->bad, sizeof first, "the finiteness check", err, errlen))
+            return -1;
+        float *dst = all_logits ? logits + (size_t)off * V : logits;
+        /* a graph made every row's logits (at up to 8 rows the lm_head is
+         * read once either way); else they are made here */
+        if (g->graphs && nb <= GPU_GRAPH_MAX) {
+            if (lg_rows && cuda_download(dst, g->logits + (size_t)(nb - lg_rows) * V, (size_t)lg_rows * V * 4,
+                                         "the logits", err, errlen))
+                return -1;
+        } else if (lg_rows && logits_down(g, nb - lg_rows, lg_rows, dst, err, errlen))
             return -1;
         if (hidden && cuda_download(hidden + (size_t)off * H, g->xb, (size_t)nb * H * 4, "the hidden states", err,
                                     errlen))
             return -1;
         if (cuda_sync("the forward pass", err, errlen)) return -1;
         kv->dev_len = pos + off + nb;
+        if (first != INT_MAX) {
+            *bad = off + first;
+            return 0;
+        }
     }
     return 0;
 }
 
 int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
-                    int all_logits, float *hm, char *err, size_t errlen) {
+                    int all_logits, float *hm, int *bad, char *err, size_t errlen) {
     GpuKV *d = mkv->dev;
     const Config *c = &g->cfg;
     const int V = c->vocab_size, H = c->hidden, pos = mkv->dev_len;
     const float eps = (float)c->eps;
+    *bad = -1;
     if (!g->has_mtp) { snprintf(err, errlen, "the model has no MTP head"); return -1; }
     for (int off = 0; off < n; off += GPU_BATCH) {
         const int nb = n - off < GPU_BATCH ? n - off : GPU_BATCH, last = off + nb == n;
@@ -640,14 +693,20 @@ int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *t
         int kind;
         layer_run(g, &g->mtp_layer, d, 0, nb, splits_for(g, d, nb, p, &kind));
         cuda_rmsnorm(g->xb, H, g->x, H, g->mtp_norm, nb, H, eps);
-        if (lg_rows) mm(g->logits, g->xb + (size_t)(nb - lg_rows) * H, &g->lm_head, lg_rows, 0);
-        if (lg_rows && cuda_download(all_logits ? logits + (size_t)off * V : logits, g->logits,
-                                     (size_t)lg_rows * V * 4, "the MTP logits", err, errlen))
+        cuda_find_nonfinite(g->bad, g->xb, nb, H);
+        int first = INT_MAX;
+        if (cuda_download(&first, g->bad, sizeof first, "the finiteness check", err, errlen) ||
+            (lg_rows && logits_down(g, nb - lg_rows, lg_rows, all_logits ? logits + (size_t)off * V : logits, err,
+                                    errlen)))
             return -1;
         if (hm && cuda_download(hm + (size_t)off * H, g->xb, (size_t)nb * H * 4, "the MTP states", err, errlen))
             return -1;
         if (cuda_sync("the MTP forward", err, errlen)) return -1;
         mkv->dev_len = p + nb;
+        if (first != INT_MAX) {
+            *bad = off + first;
+            return 0;
+        }
     }
     return 0;
 }
@@ -685,13 +744,13 @@ int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, 
     return no_cuda(err, errlen);
 }
 int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
-                char *err, size_t errlen) {
-    (void)g, (void)kv, (void)tokens, (void)n, (void)logits, (void)all_logits, (void)hidden;
+                int *bad, char *err, size_t errlen) {
+    (void)g, (void)kv, (void)tokens, (void)n, (void)logits, (void)all_logits, (void)hidden, (void)bad;
     return no_cuda(err, errlen);
 }
 int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
-                    int all_logits, float *hm, char *err, size_t errlen) {
-    (void)g, (void)mkv, (void)hidden, (void)tokens, (void)n, (void)logits, (void)all_logits, (void)hm;
+                    int all_logits, float *hm, int *bad, char *err, size_t errlen) {
+    (void)g, (void)mkv, (void)hidden, (void)tokens, (void)n, (void)logits, (void)all_logits, (void)hm, (void)bad;
     return no_cuda(err, errlen);
 }
 

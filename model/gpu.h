@@ -13,10 +13,10 @@
  *   -> rmsnorm -> hidden [n, H] -> lm_head -> logits [n, V]
  *
  * A forward of up to 8 tokens (decode, speculative verification) is
- * captured once per token count and cache as a CUDA graph and replayed,
- * so a small model's step is not bound by launch overhead; RUN_CUDA_GRAPHS=0
- * launches kernel by kernel instead (for comparison). Every function
- * returns 0, or -1 with one line in err.
+ * captured once per token count, split count and cache as a CUDA graph
+ * and replayed, so that a small model's step is not bound by launch
+ * overhead; RUN_CUDA_GRAPHS=0 launches kernel by kernel instead (for
+ * comparison). Every function returns 0, or -1 with one line in err.
  */
 #ifndef GPU_H
 #define GPU_H
@@ -66,11 +66,14 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
 
 /* model_forward on the GPU: tokens [n] at positions [len, len + n) of kv;
  * logits [n, V] (all_logits) or [V] of the last token, and hidden [n, H],
- * each only when not NULL. */
+ * each only when not NULL. *bad: the first of the n rows whose hidden
+ * state (after the final norm) is not all finite, or -1; the forward
+ * stops after the chunk that holds it. */
 int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
-                char *err, size_t errlen);
-/* model_mtp_forward on the GPU: hidden [n, H] rows in, the MTP cache mkv. */
+                int *bad, char *err, size_t errlen);
+/* model_mtp_forward on the GPU: hidden [n, H] rows in, the MTP cache mkv;
+ * *bad as above, for the MTP states. */
 int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
-                    int all_logits, float *hm, char *err, size_t errlen);
+                    int all_logits, float *hm, int *bad, char *err, size_t errlen);
 
 #endif

@@ -550,6 +550,11 @@ int model_quantize(Model *m, int part, char *err, size_t errlen) {
 
 int model_to_gpu(Model *m, char *err, size_t errlen) { return gpu_model_open(&m->gpu, m, err, errlen); }
 
+void model_drop_gpu(Model *m) {
+    gpu_model_free(m->gpu);
+    m->gpu = NULL;
+}
+
 void model_free(Model *m) {
     gpu_model_free(m->gpu);
     if (m->mtp_head.data != m->lm_head.data) weight_free(&m->mtp_head);
@@ -943,9 +948,14 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
                  m->journal_cap < m->s.cap ? m->journal_cap : m->s.cap);
         return -1;
     }
+    if (!m->gpu != !kv->dev) {
+        snprintf(err, errlen, "model_forward: the cache was opened for the %s, the model runs on the %s (open it with "
+                 "model_kv_init)", kv->dev ? "GPU" : "CPU", m->gpu ? "GPU" : "CPU");
+        return -1;
+    }
     if (m->gpu) {
-        if (gpu_forward(m->gpu, kv, tokens, n, logits, all_logits, hidden, err, errlen)) return -1;
-        int bad = hidden ? bad_row(hidden, n, c->hidden) : -1;
+        int bad;
+        if (gpu_forward(m->gpu, kv, tokens, n, logits, all_logits, hidden, &bad, err, errlen)) return -1;
         if (bad < 0 && logits && all_logits) bad = bad_row(logits, n, c->vocab_size);
         else if (bad < 0 && logits && bad_row(logits, 1, c->vocab_size) == 0) bad = n - 1;
         if (bad >= 0) {
@@ -984,9 +994,14 @@ int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *to
             snprintf(err, errlen, "MTP token id %d: expected 0..%d", tokens[i], V - 1);
             return -1;
         }
+    if (!m->gpu != !mkv->dev) {
+        snprintf(err, errlen, "model_mtp_forward: the cache was opened for the %s, the model runs on the %s (open it "
+                 "with model_kv_init)", mkv->dev ? "GPU" : "CPU", m->gpu ? "GPU" : "CPU");
+        return -1;
+    }
     if (m->gpu) {
-        if (gpu_mtp_forward(m->gpu, mkv, hidden, tokens, n, logits, all_logits, hm, err, errlen)) return -1;
-        int bad = hm ? bad_row(hm, n, H) : -1;
+        int bad;
+        if (gpu_mtp_forward(m->gpu, mkv, hidden, tokens, n, logits, all_logits, hm, &bad, err, errlen)) return -1;
         if (bad < 0 && logits && all_logits) bad = bad_row(logits, n, V);
         else if (bad < 0 && logits && bad_row(logits, 1, V) == 0) bad = n - 1;
         if (bad >= 0) {

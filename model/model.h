@@ -125,6 +125,9 @@ void model_free(Model *m);
  * stored layout). 0 ok, -1 with one line in err (no device, a model or a
  * build it cannot run on, or out of GPU memory). */
 int model_to_gpu(Model *m, char *err, size_t errlen);
+/* Takes the forward back to the CPU (frees what model_to_gpu made; caches
+ * opened on the GPU must be freed first). */
+void model_drop_gpu(Model *m);
 
 /* Opens a KV cache shaped for this model: its full-attention layers (1 for
  * MTP), and for a hybrid model the Gated DeltaNet state beside them. */

@@ -3,18 +3,50 @@
  * tokens. Each test skips, saying so, where no CUDA device is usable; a
  * build without CUDA (make CUDA=0) checks that it says so instead. */
 #include <criterion/criterion.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "attn/attn.h"
 #include "kernels/cuda.h"
 #include "kernels/half.h"
 #include "kernels/ops.h"
+#include "model/gpu.h"
 #include "model/model.h"
 #define TEST_SEED 0xC0DAC0DAull
 #include "tests/util.h"
+
+/* What the GPU path refuses is decided from the config and the scheme,
+ * on any machine: Qwen3.5's hybrid, head dims other than 128 and 256, and
+ * the compressed schemes (so far). */
+Test(cuda, what_the_gpu_refuses) {
+    static const struct {
+        const char *model, *kv, *says;
+    } cases[] = {
+        {"models/qwen3-kjv-mtp", "f16", NULL},
+        {"models/qwen3-kjv-mtp", "f32", NULL},
+        {"models/qwen3-kjv-mtp", "tbq4", "KV scheme tbq4 has no CUDA kernel yet"},
+        {"models/qwen35-kjv-mtp", "f16", "Gated DeltaNet"},
+        {"tests/data/fixtures/tiny", "f16", "head_dim 32"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ModelSource src;
+        Config c;
+        KVSpec spec;
+        char err[512] = "";
+        cr_assert_eq(source_open(&src, cases[i].model, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(source_config(&src, &c, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kv_spec_parse(cases[i].kv, &spec, err, sizeof err), 0, "%s", err);
+        const int rc = gpu_supports(&c, &spec, err, sizeof err);
+        if (cases[i].says) cr_expect(rc == -1 && strstr(err, cases[i].says), "%s -kv %s: %s", cases[i].model,
+                                     cases[i].kv, err);
+        else cr_expect_eq(rc, 0, "%s -kv %s: %s", cases[i].model, cases[i].kv, err);
+        source_free(&src);
+    }
+}
 
 #ifndef USE_CUDA
 
@@ -112,29 +144,41 @@ Test(cuda, matmul_matches_matmul_ref) {
             }
 }
 
-/* The decode matmul's fused forms give the bits of the kernels they fuse. */
+/* The decode matmul's fused forms give the bits of the kernels they fuse:
+ * every dtype, 1 to 8 tokens, one warp per row (8192 rows) and eight (512). */
 Test(cuda, matvec_fusions_equal_their_parts) {
     need_gpu();
-    const int n = 3, H = 256, I = 4096;
-    Weight w;
-    void *hw = rand_weight(&w, DT_BF16, 2 * I, H);
-    float *x = malloc(n * H * 4), *nw = malloc(H * 4), *a = malloc(n * 2 * I * 4), *b = malloc(n * 2 * I * 4);
-    fill(x, n * H), fill(nw, H);
-    void *dw = up(hw, (size_t)2 * I * H * 2);
-    float *dx = up(x, n * H * 4), *dnw = up(nw, H * 4), *dxb = up(NULL, n * H * 4), *dgu = up(NULL, n * 2 * I * 4),
-          *dy1 = up(NULL, n * 2 * I * 4), *dy2 = up(NULL, n * 2 * I * 4);
-    cuda_rmsnorm(dxb, H, dx, H, dnw, n, H, 1e-6f);
-    cuda_matmul(dy1, dxb, dw, CUDA_BF16, 2 * I, H, n, 0);
-    cuda_matvec(dy2, dx, 1, dnw, 1e-6f, dw, CUDA_BF16, 2 * I, H, n, 0, 0);
-    down(a, dy1, n * 2 * I * 4), down(b, dy2, n * 2 * I * 4);
-    cr_expect(memcmp(a, b, n * 2 * I * 4) == 0, "rmsnorm inside the matmul differs from rmsnorm then matmul");
-    cuda_matmul(dgu, dxb, dw, CUDA_BF16, 2 * I, H, n, 0);
-    cuda_swiglu(dy1, dgu, n, I);
-    cuda_matvec(dy2, dx, 1, dnw, 1e-6f, dw, CUDA_BF16, 2 * I, H, n, 1, 0);
-    down(a, dy1, n * I * 4), down(b, dy2, n * I * 4);
-    cr_expect(memcmp(a, b, n * I * 4) == 0, "rmsnorm + matmul + swiglu in one pass differs from the three");
-    cuda_free(dw), cuda_free(dx), cuda_free(dnw), cuda_free(dxb), cuda_free(dgu), cuda_free(dy1), cuda_free(dy2);
-    free(hw), free(x), free(nw), free(a), free(b);
+    const DType types[] = {DT_BF16, DT_F16, DT_F32};
+    const int codes[] = {CUDA_BF16, CUDA_F16, CUDA_F32}, halves[] = {256, 4096}, ns[] = {1, 3, 8};
+    const int H = 256;
+    for (int t = 0; t < 3; t++)
+        for (int k = 0; k < 2; k++)
+            for (int c = 0; c < 3; c++) {
+                const int I = halves[k], n = ns[c];
+                Weight w;
+                void *hw = rand_weight(&w, types[t], 2 * I, H);
+                float *x = malloc(n * H * 4), *nw = malloc(H * 4), *a = malloc(n * 2 * I * 4),
+                      *b = malloc(n * 2 * I * 4);
+                fill(x, n * H), fill(nw, H);
+                void *dw = up(hw, (size_t)2 * I * H * dtype_size(types[t]));
+                float *dx = up(x, n * H * 4), *dnw = up(nw, H * 4), *dxb = up(NULL, n * H * 4),
+                      *dgu = up(NULL, n * 2 * I * 4), *dy1 = up(NULL, n * 2 * I * 4), *dy2 = up(NULL, n * 2 * I * 4);
+                cuda_rmsnorm(dxb, H, dx, H, dnw, n, H, 1e-6f);
+                cuda_matmul(dy1, dxb, dw, codes[t], 2 * I, H, n, 0);
+                cuda_matvec(dy2, dx, 1, dnw, 1e-6f, dw, codes[t], 2 * I, H, n, 0, 0);
+                down(a, dy1, n * 2 * I * 4), down(b, dy2, n * 2 * I * 4);
+                cr_expect(memcmp(a, b, n * 2 * I * 4) == 0, "dtype %d, %d rows, n %d: rmsnorm inside the matmul "
+                          "differs from rmsnorm then matmul", t, 2 * I, n);
+                cuda_matmul(dgu, dxb, dw, codes[t], 2 * I, H, n, 0);
+                cuda_swiglu(dy1, dgu, n, I);
+                cuda_matvec(dy2, dx, 1, dnw, 1e-6f, dw, codes[t], 2 * I, H, n, 1, 0);
+                down(a, dy1, n * I * 4), down(b, dy2, n * I * 4);
+                cr_expect(memcmp(a, b, n * I * 4) == 0, "dtype %d, %d rows, n %d: rmsnorm + matmul + swiglu in one "
+                          "pass differs from the three", t, 2 * I, n);
+                cuda_free(dw), cuda_free(dx), cuda_free(dnw), cuda_free(dxb), cuda_free(dgu), cuda_free(dy1);
+                cuda_free(dy2);
+                free(hw), free(x), free(nw), free(a), free(b);
+            }
 }
 
 Test(cuda, row_ops_match_the_c_ones) {
@@ -158,16 +202,18 @@ Test(cuda, row_ops_match_the_c_ones) {
     cuda_swiglu(dy, dgu, n, H);
     down(got, dy, n * H * 4);
     cr_expect(rel_err(got, want, n * H) <= 1e-6, "swiglu: %g", rel_err(got, want, n * H));
-    /* argmax: exact, first of equals, NaN skipped */
-    x[3 * H + 10] = x[3 * H + 900] = 50;
+    /* the finiteness check: the first row with a NaN or an infinity */
+    int first = 0, *dfirst = up(NULL, sizeof first);
+    cuda_find_nonfinite(dfirst, dx, n, H);
+    down(&first, dfirst, sizeof first);
+    cr_expect_eq(first, INT_MAX, "all finite, yet row %d was named", first);
     x[5 * H + 2] = NAN;
-    x[5 * H + 3] = 60;
-    int ids[7], *did = up(NULL, sizeof ids);
+    x[3 * H + H - 1] = INFINITY;
     cuda_upload(dx, x, n * H * 4, "x", (char[64]){0}, 64);
-    cuda_argmax(did, dx, n, H);
-    down(ids, did, sizeof ids);
-    for (int i = 0; i < n; i++) cr_expect_eq(ids[i], argmax_ref(x + i * H, H), "argmax of row %d", i);
-    cuda_free(dx), cuda_free(dw), cuda_free(dgu), cuda_free(dy), cuda_free(did);
+    cuda_find_nonfinite(dfirst, dx, n, H);
+    down(&first, dfirst, sizeof first);
+    cr_expect_eq(first, 3, "an infinity in row 3 and a NaN in row 5: found row %d", first);
+    cuda_free(dx), cuda_free(dw), cuda_free(dgu), cuda_free(dy), cuda_free(dfirst);
     free(x), free(w), free(gu), free(want), free(got);
 }
 
@@ -250,7 +296,7 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
 
 /* Attention of n new tokens after pos cached ones, against attn_group_ref
  * token by token over CPU streams holding the same rows. */
-static void check_attention(const char *scheme, int hd, int nkv, int gqa, int pos, int n) {
+static void check_attention(const char *scheme, int hd, int nkv, int gqa, int pos, int n, int splits) {
     const int nh = nkv * gqa, cap = pos + n + 5, L = pos + n;
     const int f16 = !strcmp(scheme, "f16");
     char err[256];
@@ -286,7 +332,8 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
     }
     CudaInfo info;
     cr_assert_eq(cuda_open(&info, err, sizeof err), 0, "%s", err);
-    const int splits = cuda_attn_splits(n, nh, nkv, hd, cap, info.sm_count);
+    /* 0: as the model picks them; else forced (256 is the most, mostly empty at a short context) */
+    if (!splits) splits = cuda_attn_splits(n, nh, nkv, hd, cap, info.sm_count);
     void *dkc = up(kc, cbytes), *dvc = up(vc, cbytes);
     float *dq = up(q, (size_t)n * nh * hd * 4), *dout = up(NULL, (size_t)n * nh * hd * 4);
     float *dpart = up(NULL, cuda_attn_part_floats(n, nh, hd, splits) * 4);
@@ -313,7 +360,8 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
         cr_expect(sqrt(d / w) <= 1e-5, "%s hd %d nkv %d gqa %d pos %d n %d: token %d head %d: relative error %g",
                   scheme, hd, nkv, gqa, pos, n, r / nh, r % nh, sqrt(d / w));
     }
-    cuda_free(dkc), cuda_free(dvc), cuda_free(dq), cuda_free(dout), cuda_free(dpart), cuda_free(dcount), cuda_free(dpos);
+    cuda_free(dkc), cuda_free(dvc), cuda_free(dq), cuda_free(dout), cuda_free(dpart), cuda_free(dcount);
+    cuda_free(dpos);
     free(K), free(Vv), free(q), free(want), free(got), free(kc), free(vc);
 }
 
@@ -329,7 +377,10 @@ Test(cuda, attention_matches_attn_group_ref) {
         for (int hd = 128; hd <= 256; hd *= 2)
             for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
                 if (cases[c][0] <= (hd == 128 ? 16 : 8))
-                    check_attention(schemes[s], hd, cases[c][3], cases[c][0], cases[c][1], cases[c][2]);
+                    check_attention(schemes[s], hd, cases[c][3], cases[c][0], cases[c][1], cases[c][2], 0);
+    check_attention("f16", 128, 8, 2, 300, 1, 256);
+    check_attention("f16", 128, 2, 4, 40000, 1, 256);
+    check_attention("f32", 256, 2, 2, 700, 3, 256);
 }
 
 /* The shipped model on the GPU, f32 cache, against the float64 golden logits. */
@@ -403,28 +454,36 @@ Test(cuda, shipped_model_matches_golden_logits) {
     model_free(&m);
 }
 
-/* Greedy text from ./run: -dev cuda with and without speculation, and the
- * CPU, agree on the shipped model. */
-static char *run_text(const char *env, const char *args) {
+/* Greedy text from ./run, its stderr checked: -dev cuda with and without
+ * speculation and graphs, and the CPU, agree on the shipped model. */
+static char *run_text(const char *env, const char *args, int gpu, int spec) {
     const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s models/qwen3-kjv-mtp -t 0 -n 64 -i 'And God said' %s 2>/dev/null", env, bin,
-             args);
+    char cmd[1024], pe[64];
+    snprintf(pe, sizeof pe, "/tmp/run_cuda_err.%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s %s models/qwen3-kjv-mtp -t 0 -n 64 -i 'And God said' %s 2>%s", env, bin, args, pe);
     FILE *p = popen(cmd, "r");
     cr_assert(p, "cannot run %s", cmd);
     char *out = calloc(1, 1 << 16);
     size_t got = fread(out, 1, (1 << 16) - 1, p);
     out[got] = 0;
-    cr_assert_eq(pclose(p), 0, "%s failed", cmd);
+    const int rc = pclose(p);
+    char *err = slurp(pe, NULL);
+    remove(pe);
+    cr_assert_eq(rc, 0, "%s failed: %s", cmd, err);
+    cr_expect(strstr(err, gpu ? " device=cuda " : " device=cpu "), "%s: %s", cmd, err);
+    cr_expect(!spec || strstr(err, "spec_accept="), "%s: no speculation: %s", cmd, err);
+    cr_expect(strlen(out) > strlen("And God said") + 16, "%s: no text", cmd);
+    free(err);
     return out;
 }
 
 Test(cuda, greedy_tokens_match_the_cpu_and_speculation, .timeout = 120) {
     need_gpu();
-    char *cpu = run_text("", "-dev cpu -kv f32 -spec 0"), *gpu = run_text("", "-dev cuda -kv f32 -spec 0"),
-         *spec = run_text("", "-dev cuda -kv f32 -spec 3"),
-         *plain = run_text("RUN_CUDA_GRAPHS=0", "-dev cuda -kv f32 -spec 3"),
-         *f16 = run_text("", "-dev cuda -kv f16 -spec 0"), *f16spec = run_text("", "-dev cuda -kv f16 -spec 3");
+    char *cpu = run_text("", "-dev cpu -kv f32 -spec 0", 0, 0), *gpu = run_text("", "-dev cuda -kv f32 -spec 0", 1, 0),
+         *spec = run_text("", "-dev cuda -kv f32 -spec 3", 1, 1),
+         *plain = run_text("RUN_CUDA_GRAPHS=0", "-dev cuda -kv f32 -spec 3", 1, 1),
+         *f16 = run_text("", "-dev cuda -kv f16 -spec 0", 1, 0),
+         *f16spec = run_text("", "-dev cuda -kv f16 -spec 3", 1, 1);
     cr_expect_str_eq(gpu, cpu, "GPU greedy text differs from the CPU's");
     cr_expect_str_eq(spec, gpu, "GPU -spec 3 differs from -spec 0");
     cr_expect_str_eq(plain, spec, "GPU without graphs differs from with them");

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/cuda.h"
 #include "tests/util.h"
 
 static const char *bin(void) { return getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run"; }
@@ -267,4 +268,43 @@ Test(usage, seeds_paths_and_stats) {
     cr_expect_eq(run(&o1, &e1, "-i '' -n 2"), 1);
     cr_expect(!strstr(e1, "stats:"), "no stats line after an error: %s", e1);
     free(o1), free(e1);
+}
+
+/* -dev: what the GPU path does not take is a usage error under -dev cuda
+ * (before any model is read), the CPU says so in stats, and a machine or
+ * a build without a GPU gets one line and exit 1. */
+Test(usage, device_option) {
+    char *o, *e;
+    cr_expect_eq(run(&o, &e, "-dev bogus -n 1"), 2);
+    cr_expect(strstr(e, "-dev: expected cpu, cuda or auto, found 'bogus'"), "%s", e);
+    free(o), free(e);
+    static const struct {
+        const char *args, *says;
+    } refused[] = {
+        {"-dev cuda -kv tbq4 -n 1", "KV scheme tbq4 has no CUDA kernel yet"},
+        {"-dev cuda -ctk f16 -ctv f32 -n 1", "K and V in different schemes (f16/f32)"},
+        {"-dev cuda -m kvstats -i x", "-m kvstats runs on the CPU only"},
+        {"-dev cuda -wq q8 -n 1", "-wq q8 has no CUDA kernel yet"},
+        {"-dev cuda -act bf16 -n 1", "-act bf16 is the CPU's"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        cr_expect_eq(run(&o, &e, "%s", refused[i].args), 2, "%s", refused[i].args);
+        cr_expect(strstr(e, refused[i].says), "%s: %s", refused[i].args, e);
+        free(o), free(e);
+    }
+    cr_expect_eq(run(&o, &e, "-dev cpu -n 4 -t 0"), 0);
+    cr_expect(strstr(e, " device=cpu "), "%s", e);
+    free(o), free(e);
+    cr_expect_eq(run(&o, &e, "--version"), 0);
+    cr_expect(strstr(o, cuda_built() ? "CUDA for sm_" : "CUDA not compiled in"), "%s", o);
+    free(o), free(e);
+    if (cuda_device_count() == 0) {
+        cr_expect_eq(run(&o, &e, "-dev cuda -n 1"), 1);
+        cr_expect(strstr(e, cuda_built() ? "no usable CUDA device" : "built without CUDA"), "%s", e);
+        free(o), free(e);
+        /* auto takes the CPU, and says which device in stats */
+        cr_expect_eq(run(&o, &e, "-n 4 -t 0"), 0);
+        cr_expect(strstr(e, " device=cpu "), "%s", e);
+        free(o), free(e);
+    }
 }

@@ -45,8 +45,9 @@ static double step_weight_bytes(const Config *c) {
     return 2 * (per * c->n_layers + (double)c->vocab_size * H);
 }
 
+/* err is empty when a forward's hidden states went non-finite (bad >= 0) */
 static void die(const char *what, const char *err) {
-    fprintf(stderr, "bench_cuda: %s: %s\n", what, err);
+    fprintf(stderr, "bench_cuda: %s: %s\n", what, err[0] ? err : "non-finite hidden states");
     exit(1);
 }
 
@@ -54,18 +55,18 @@ static void die(const char *what, const char *err) {
  * (each rolled back, so every step sees ctx positions); logits NULL: the
  * step without bringing them back. */
 static double decode_s(GpuModel *g, KVCache *kv, int ctx, int steps, float *logits) {
-    char err[512];
+    char err[512] = "";
     if (gpu_kv_fill_random(kv, ctx, 7, err, sizeof err)) die("cache", err);
-    int tok = 42;
+    int tok = 42, bad;
     for (int w = 0; w < 3; w++) {
-        if (gpu_forward(g, kv, &tok, 1, logits, 0, NULL, err, sizeof err)) die("decode", err);
+        if (gpu_forward(g, kv, &tok, 1, logits, 0, NULL, &bad, err, sizeof err) || bad >= 0) die("decode", err);
         kv_cache_truncate(kv, ctx);
     }
     double best = 1e9;
     for (int r = 0; r < 3; r++) {
         cuda_timer_start();
         for (int i = 0; i < steps; i++) {
-            if (gpu_forward(g, kv, &tok, 1, logits, 0, NULL, err, sizeof err)) die("decode", err);
+            if (gpu_forward(g, kv, &tok, 1, logits, 0, NULL, &bad, err, sizeof err) || bad >= 0) die("decode", err);
             if (kv_cache_truncate(kv, ctx)) die("decode", "rollback refused");
         }
         const double t = cuda_timer_stop() / steps;
@@ -75,14 +76,14 @@ static double decode_s(GpuModel *g, KVCache *kv, int ctx, int steps, float *logi
 }
 
 static double prefill_s(GpuModel *g, KVCache *kv, int n, float *logits) {
-    char err[512];
-    int *toks = malloc((size_t)n * sizeof(int));
+    char err[512] = "";
+    int *toks = malloc((size_t)n * sizeof(int)), bad;
     for (int i = 0; i < n; i++) toks[i] = (i * 7919) % 151936;
     double best = 1e9;
     for (int r = 0; r < 2; r++) {
         kv_cache_truncate(kv, 0);
         cuda_timer_start();
-        if (gpu_forward(g, kv, toks, n, logits, 0, NULL, err, sizeof err)) die("prefill", err);
+        if (gpu_forward(g, kv, toks, n, logits, 0, NULL, &bad, err, sizeof err) || bad >= 0) die("prefill", err);
         const double t = cuda_timer_stop();
         best = t < best ? t : best;
     }

@@ -22,7 +22,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 log "device: $(tail -n 1 "$OUT/device.txt")"
 if ! "$BUILD/run" --version > /dev/null 2>&1 || ! "$BUILD/test_plain" --list > /dev/null 2>&1; then
     log "binaries in $BUILD do not start here: building"
-    make -j"$(nproc)" gpu-build GPU_BUILD="$BUILD" CUDA_ARCHS="${CUDA_ARCHS:-90}" > "$OUT/build.txt" 2>&1 || { log "build failed"; tail -20 "$OUT/build.txt"; exit 1; }
+    if ! make -j"$(nproc)" gpu-build GPU_BUILD="$BUILD" CUDA_ARCHS="${CUDA_ARCHS:-90}" > "$OUT/build.txt" 2>&1; then
+        log "build failed"
+        tail -20 "$OUT/build.txt"
+        exit 1
+    fi
 fi
 log "$("$BUILD/run" --version)"
 
@@ -37,14 +41,17 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
         for s in 0 3; do timeout 60 "$BUILD/run" -dev $dev -kv f32 -t 0 -n 64 -spec $s -i "And God said"; done
     done
     echo "== ppl on the held-out text, cpu then cuda (f32 cache)"
-    for dev in cpu cuda; do timeout 60 "$BUILD/run" -dev $dev -m ppl -kv f32 -f tools/data/heldout.txt 2>&1 | tail -n 3; done
-    echo "== refusals"
+    for dev in cpu cuda; do
+        timeout 60 "$BUILD/run" -dev $dev -m ppl -kv f32 -f tools/data/heldout.txt 2>&1 | tail -n 3
+    done
+    echo "== refusals (usage errors: exit 2)"
     timeout 30 "$BUILD/run" -dev cuda -kv tbq4 -n 4; echo "exit $?"
     timeout 30 "$BUILD/run" -dev cuda -m kvstats -i "In the beginning"; echo "exit $?"
     echo "== auto"
     timeout 60 "$BUILD/run" -n 16 -t 0
 } > "$OUT/cli.txt" 2>&1
-log "cli: $(grep -c '^stats:' "$OUT/cli.txt") stats lines; $(grep 'device=' "$OUT/cli.txt" | sed 's/.*\(decode_tps=[0-9.]*\).*\(device=[a-z]*\).*/\1 \2/' | tr '\n' ';')"
+speeds=$(grep 'device=' "$OUT/cli.txt" | sed 's/.*\(decode_tps=[0-9.]*\).*\(device=[a-z]*\).*/\1 \2/' | tr '\n' ';')
+log "cli: $(grep -c '^stats:' "$OUT/cli.txt") stats lines; $speeds"
 
 timeout 150 "$BUILD/bench_cuda" > "$OUT/bench.txt" 2>&1
 log "bench: exit $?"
