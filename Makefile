@@ -10,6 +10,8 @@
 #   make fuzz       build the libFuzzer harnesses (tests/fuzz/) into build-fuzz/
 #   make fuzz-run   run each for FUZZ_SECONDS (default 60) from its seed corpus
 #   make bench      measure speed (about 12 minutes)
+#   make bench-cuda the CUDA path's speed (needs a GPU; docs/cuda.md)
+#   make gpu-build  build-gpu/: what tools/gpu-check.sh runs on a GPU machine
 #   make figures    remake docs/compare-kjv.svg, the README's plot
 CC      ?= gcc
 OPT     ?= -O3

@@ -1155,13 +1155,7 @@ static int gpu_refuses_options(const Args *a, const KVSpec *spec, char *err, siz
     else if (a->wq_q8) snprintf(err, errlen, "-dev cuda: -wq q8 has no CUDA kernel yet (use -wq stored or -dev cpu)");
     else if (a->act_bf16) snprintf(err, errlen, "-dev cuda: -act bf16 is the CPU's AVX-512 BF16 mode (use -act f32 or "
                                    "-dev cpu)");
-    else if (strcmp(spec->k->name, "f32") && strcmp(spec->k->name, "f16"))
-        snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32 and f16 do; use -dev cpu)",
-                 spec->k->name);
-    else if (spec->k != spec->v)
-        snprintf(err, errlen, "-dev cuda: K and V in different schemes (%s/%s): the CUDA cache takes one",
-                 spec->k->name, spec->v->name);
-    else return 0;
+    else if (!gpu_supports_kv(spec, err, errlen)) return 0;
     return 1;
 }
 

@@ -71,19 +71,21 @@ int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen) 
                  "multiples of 8", c->hidden, c->ffn);
         return -1;
     }
-    if (spec) {
-        const char *names[2] = {spec->k->name, spec->v->name};
-        for (int i = 0; i < 2; i++)
-            if (strcmp(names[i], "f32") && strcmp(names[i], "f16")) {
-                snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32 and f16 do; use -dev cpu)",
-                         names[i]);
-                return -1;
-            }
-        if (spec->k != spec->v) {
-            snprintf(err, errlen, "-dev cuda: K and V in different schemes (%s/%s): the CUDA cache takes one",
-                     names[0], names[1]);
+    return spec ? gpu_supports_kv(spec, err, errlen) : 0;
+}
+
+int gpu_supports_kv(const KVSpec *spec, char *err, size_t errlen) {
+    const char *names[2] = {spec->k->name, spec->v->name};
+    for (int i = 0; i < 2; i++)
+        if (strcmp(names[i], "f32") && strcmp(names[i], "f16")) {
+            snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32 and f16 do; use -dev cpu)",
+                     names[i]);
             return -1;
         }
+    if (spec->k != spec->v) {
+        snprintf(err, errlen, "-dev cuda: K and V in different schemes (%s/%s): the CUDA cache takes one", names[0],
+                 names[1]);
+        return -1;
     }
     return 0;
 }

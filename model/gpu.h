@@ -35,6 +35,8 @@ typedef struct GpuModel GpuModel;
  * layers, a KV scheme without a CUDA kernel yet). Asks nothing of the
  * device. */
 int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen);
+/* The scheme's part of that alone (the CLI checks it before any model is read). */
+int gpu_supports_kv(const KVSpec *spec, char *err, size_t errlen);
 /* Opens the device and uploads m's weights (and its MTP module's). */
 int gpu_model_open(GpuModel **g, const Model *m, char *err, size_t errlen);
 /* The shape of c with random bf16 weights made on the device (benchmarks:
