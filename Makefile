@@ -37,7 +37,7 @@ NVCC       ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v n
 CUDA       ?= $(if $(NVCC),1,0)
 CUDA_ARCHS ?= 80 86 89 90 120 121
 ifeq ($(CUDA),1)
-CU_SRC   := $(sort $(wildcard kernels/*.cu attn/*.cu))
+CU_SRC   := $(sort $(wildcard kernels/*.cu attn/*.cu sample/*.cu))
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB_OBJ  += $(CU_OBJ)
 CFLAGS   += -DUSE_CUDA

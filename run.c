@@ -141,7 +141,8 @@ static void usage(FILE *f) {
             "  -kv SCHEME       KV cache storage: a scheme for K and V, or K/V (default f16)\n"
             "  -ctk S, -ctv S   the K or the V scheme alone; llama.cpp's names f16, q8_0, q4_0 work too\n"
             "                   (--cache-type-k, --cache-type-v). A comma separates schemes to compare:\n"
-            "                   -m compare -kv f16,q8,q8/q4 (default: every scheme); elsewhere it is an error\n"
+            "                   -m compare -kv f16,q8,q8/q4 (default: every scheme, every one the GPU\n"
+            "                   takes under -dev cuda); elsewhere it is an error\n"
             "  -y TEXT          system prompt (chat)                                       (--system-prompt)\n"
             "  -think 0|1       chat: let the model think (default 1)\n"
             "  -spec N          speculative decoding with the model's MTP head, N drafts per step\n"
@@ -152,9 +153,10 @@ static void usage(FILE *f) {
             "                   vdpbf16ps, like llama.cpp's bf16 path: prefill about 2x on AMD Zen 4,\n"
             "                   logits move by about 0.5%%; a bf16 model read into memory needed)\n"
             "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the same\n"
-            "  -dev DEVICE      cpu | cuda (the whole forward and the cache on GPU 0; -kv f32 or f16,\n"
-            "                   generate, chat, ppl, logits) | auto (default: cuda when this binary has\n"
-            "                   it, a GPU is there and the run is one it takes, else cpu) (--device)\n"
+            "  -dev DEVICE      cpu | cuda (the whole forward, the cache and sampling on GPU 0; -kv\n"
+            "                   f32, f16 or q8; every mode but kvstats) | auto (default: cuda when this\n"
+            "                   binary has it, a GPU is there and the run is one it takes, else cpu)\n"
+            "                   (--device)\n"
             "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the\n"
             "                   single file                                                (--output)\n"
             "  --show-pieces    tokenize: one token per line, id and text\n"
@@ -167,7 +169,8 @@ static void usage(FILE *f) {
     fprintf(f, "environment: RUN_ISA=ref|avx2|avx512|avx512vnni forces a lower kernel level; RUN_MMAP=1 reads\n"
                "  the weights where the files are mapped instead of copying them into memory in huge pages\n"
                "  (where the AVX-512 kernels get bf16 relaid in 32-row panels, their faster layout);\n"
-               "  RUN_CUDA_GRAPHS=0 launches a GPU step's kernels one by one instead of as a CUDA graph\n");
+               "  RUN_CUDA_GRAPHS=0 launches a GPU step's kernels one by one instead of as a CUDA graph;\n"
+               "  RUN_CUDA_PDL=0 launches them without programmatic dependent launch (Hopper and later)\n");
     fprintf(f, "exit codes: 0 ok, 1 runtime error, 2 usage error, 130 interrupted\n");
 }
 
@@ -487,6 +490,14 @@ static void emit(Gen *g, TokStream *ts, char *buf, size_t cap, int id) {
     if (g->reply) ids_push(g->reply, &id, 1);
 }
 
+/* The next token from the last forward's last row: on the GPU drawn where
+ * the logits are (only the id comes back), else from g->logits. */
+static int next_token(Gen *g, int *x, char *err, size_t errlen) {
+    if (g->m->gpu) return model_sample(g->m, g->smp, x, err, errlen);
+    *x = sampler_sample(g->smp, g->logits);
+    return 0;
+}
+
 /* Feeds ids[0..n) in slices of PREFILL_SLICE, so a long prompt shows
  * progress and the MTP head's hidden states need a slice's room (neither
  * the logits nor the drafter's rows depend on how the prompt is sliced).
@@ -499,7 +510,8 @@ static int prefill(Gen *g, const int *ids, int n, char *err, size_t errlen) {
     int rc = 0, off = 0;
     while (off < n && !rc) {
         int k = n - off < PREFILL_SLICE ? n - off : PREFILL_SLICE;
-        if (model_forward(g->m, g->kv, ids + off, k, g->logits, 0, g->spec ? g->hidden : NULL, err, errlen) ||
+        if (model_forward(g->m, g->kv, ids + off, k, g->m->gpu ? NULL : g->logits, 0, g->spec ? g->hidden : NULL,
+                          err, errlen) ||
             (g->spec && spec_prefill(g->spec, g->hidden, ids + off, k, err, errlen))) {
             fprintf(stderr, "%serror: %s\n", p.shown ? "\n" : "", err);
             rc = 1;
@@ -536,7 +548,12 @@ static int generate(Gen *g, const int *ids, int n_ids, int n) {
     size_t bufcap = tok_max_piece(g->tok) + 16;
     char *buf = malloc(bufcap);
     if (!buf) { fprintf(stderr, "error: out of memory\n"); return 1; }
-    int out[SPEC_MAX + 1], x = sampler_sample(g->smp, g->logits), count = 0;
+    int out[SPEC_MAX + 1], x, count = 0;
+    if (next_token(g, &x, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        free(buf);
+        return 1;
+    }
     double t0 = now();
     /* x: the next token to print, not yet in the cache */
     while (!is_stop(g, x)) {
@@ -548,9 +565,12 @@ static int generate(Gen *g, const int *ids, int n_ids, int n) {
             break;
         }
         if (!g->spec || P + 2 > g->kv->cap) {
-            if (model_forward(g->m, g->kv, &x, 1, g->logits, 0, NULL, err, sizeof err)) { rc = 1; break; }
+            if (model_forward(g->m, g->kv, &x, 1, g->m->gpu ? NULL : g->logits, 0, NULL, err, sizeof err) ||
+                next_token(g, &x, err, sizeof err)) {
+                rc = 1;
+                break;
+            }
             g->st->decode_tokens++;
-            x = sampler_sample(g->smp, g->logits);
             continue;
         }
         int got = spec_step(g->spec, x, out, err, sizeof err);
@@ -1101,10 +1121,14 @@ static int parse_schemes(Run *r, char *err, size_t errlen) {
         /* with other weights, f32 comes again as the first scheme: the weights' cost alone */
         if (other) r->specs[r->n_specs++] = r->specs[0];
         if (!a->kv) {
-            for (int i = 0; i < kv_n_schemes; i++)
-                if (strcmp(kv_schemes[i]->name, "f32") && kv_spec_parse(kv_schemes[i]->name, &r->specs[r->n_specs++],
-                                                                        err, errlen))
-                    return -1;
+            /* every scheme; under -dev cuda, every one the GPU takes */
+            const int gpu = a->dev && !strcmp(a->dev, "cuda");
+            for (int i = 0; i < kv_n_schemes; i++) {
+                char e[256];
+                if (!strcmp(kv_schemes[i]->name, "f32")) continue;
+                if (kv_spec_parse(kv_schemes[i]->name, &r->specs[r->n_specs], err, errlen)) return -1;
+                if (!gpu || !gpu_supports_kv(&r->specs[r->n_specs], e, sizeof e)) r->n_specs++;
+            }
         } else {
             char buf[1024];
             snprintf(buf, sizeof buf, "%s", a->kv);
@@ -1148,14 +1172,20 @@ static int parse_schemes(Run *r, char *err, size_t errlen) {
 /* Whether the run's options ask for what the GPU path does not take: 0,
  * or 1 with a line in err (the usage error of -dev cuda; auto takes the
  * CPU then). What the model's config rules out is gpu_supports'. */
-static int gpu_refuses_options(const Args *a, const KVSpec *spec, char *err, size_t errlen) {
-    const char *mode = a->mode;
-    if (!strcmp(mode, "compare") || !strcmp(mode, "kvstats"))
-        snprintf(err, errlen, "-dev cuda: -m %s runs on the CPU only (so far; use -dev cpu)", mode);
+static int gpu_refuses_options(const Run *r, char *err, size_t errlen) {
+    const Args *a = &r->a;
+    if (!strcmp(a->mode, "kvstats"))
+        snprintf(err, errlen, "-dev cuda: -m kvstats runs on the CPU only (so far; use -dev cpu)");
     else if (a->wq_q8) snprintf(err, errlen, "-dev cuda: -wq q8 has no CUDA kernel yet (use -wq stored or -dev cpu)");
     else if (a->act_bf16) snprintf(err, errlen, "-dev cuda: -act bf16 is the CPU's AVX-512 BF16 mode (use -act f32 or "
                                    "-dev cpu)");
-    else if (!gpu_supports_kv(spec, err, errlen)) return 0;
+    else {
+        /* compare: every scheme it lists */
+        const int n = !strcmp(a->mode, "compare") ? r->n_specs : 1;
+        for (int i = 0; i < n; i++)
+            if (gpu_supports_kv(n > 1 ? &r->specs[i] : &r->spec, err, errlen)) return 1;
+        return 0;
+    }
     return 1;
 }
 
@@ -1169,7 +1199,7 @@ static int choose_device(const Run *r, char *err, size_t errlen) {
     char why[600] = "";
     CudaInfo info;
     if (!cuda_built() || !cuda_device_count()) cuda_open(&info, why, sizeof why);
-    else if (!gpu_refuses_options(&r->a, &r->spec, why, sizeof why)) gpu_supports(&r->cfg, &r->spec, why, sizeof why);
+    else if (!gpu_refuses_options(r, why, sizeof why)) gpu_supports(&r->cfg, &r->spec, why, sizeof why);
     if (!why[0]) return 1;
     if (!dev_is_cuda(r)) return 0;
     snprintf(err, errlen, "%s", why);
@@ -1331,7 +1361,7 @@ int main(int argc, char **argv) {
     char err[1024], model_buf[4200];
     if (kernels_check_env(err, sizeof err)) return usage_error("%s", err);
     if (parse_schemes(&r, err, sizeof err)) return usage_error("%s", err);
-    if (r.a.dev && !strcmp(r.a.dev, "cuda") && gpu_refuses_options(&r.a, &r.spec, err, sizeof err))
+    if (r.a.dev && !strcmp(r.a.dev, "cuda") && gpu_refuses_options(&r, err, sizeof err))
         return usage_error("%s", err);
     if (r.a.threads) omp_set_num_threads(r.a.threads);
     const char *path = r.a.model ? r.a.model : default_model(model_buf, sizeof model_buf);

@@ -1,10 +1,11 @@
-/* attn.cu: causal GQA attention on the GPU over f32 and f16 caches in
+/* attn.cu: causal GQA attention on the GPU over f32, f16 and q8 caches in
  * device memory, read in place: the twin of attn_group_ref (attn/attn.c).
  *
  * Data flow: model/gpu.c stores each token's k and v in the layer's caches
  * (cuda_qk_rope_store), then calls cuda_attention for the n new tokens.
  *
- *   kc, vc [nkv, cap, hd]   cache of one layer, f32 or f16 rows
+ *   kc, vc [nkv streams]    cache of one layer: f32 or f16 rows [cap, hd],
+ *                           or q8 tiles of 16 positions (kernels/cuda.h)
  *   q      [n, ldq]         roped queries, heads [nh, hd] first in a row
  *   out    [n, nh, hd]
  *   part   [n, nh, splits, hd] partial sums, then [n, nh, splits, 2] (m, l)
@@ -19,6 +20,15 @@
  * Split lengths are computed in the kernel from the length in device
  * memory, so a captured graph serves every position. f32 throughout, as
  * on the CPU.
+ *
+ * q8 (kv/q8.c's tiles, the CPU's bytes) is dequantized in registers,
+ * never into a buffer: for the keys lane l takes the 64-byte line of quad
+ * l (4 values of each of a tile's 16 positions) and its block's scales,
+ * so one round of loads is a whole tile; each lane's 16 partial scores
+ * (times the scale) are summed over the warp by halving exchanges (8, 4,
+ * 2, 1, 1 shuffles), which leave position p's score in lanes 2p and
+ * 2p + 1. For the values lane l takes its hd / 32 dims of each position
+ * pair (the V tile's layout) and weighs each position by p times its scale.
  */
 #include <math.h>
 
@@ -56,6 +66,33 @@ template <bool F16, int N> __device__ __forceinline__ void row_load(const char *
     }
 }
 
+/* A q8 K tile's 16 partial scores per lane summed over the warp: 16 values
+ * halve at each exchange, so position p's sum ends in lanes 2p, 2p + 1. */
+__device__ __forceinline__ float q8_warp_sums(float (&v)[16], int lane) {
+#pragma unroll
+    for (int w = 8; w >= 1; w >>= 1) {
+        const bool up = lane & (2 * w); /* this lane keeps the upper half */
+#pragma unroll
+        for (int i = 0; i < w; i++) {
+            const float send = up ? v[i] : v[i + w], keep = up ? v[i + w] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * w);
+        }
+    }
+    return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
+}
+
+/* A q8 tile's scales for one 32-value block, 16 positions, as f32. */
+__device__ __forceinline__ void q8_scales(const uint8_t *tile, int block, float (&sc)[16]) {
+    const uint4 *p = (const uint4 *)(tile + 32 * block);
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const uint4 u = p[c];
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) sc[8 * c + 2 * i] = f16_f32(w[i] & 0xffff), sc[8 * c + 2 * i + 1] = f16_f32(w[i] >> 16);
+    }
+}
+
 /* Block (kv head, split, chunk of qb tokens), rows r < R = gqa * tokens:
  * row r is token i0 + r / gqa, query head h * gqa + r % gqa. The split's
  * positions are cut into one run per warp; each warp walks its run 32
@@ -64,7 +101,7 @@ template <bool F16, int N> __device__ __forceinline__ void row_load(const char *
  * it, partial sums meeting by shuffles, lane k keeping position k's
  * score), then the warp sums value rows (each lane 1/32 of the dims).
  * At the end the warps' (m, l, acc) merge into the split's. */
-template <int HD, bool F16, int MAXR>
+template <int HD, int FMT, int MAXR>
 __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, float *part, int *count, const float *q,
                                                                    int ldq, const void *kc, const void *vc,
                                                                    const int *d_pos, int n, int nh, int nkv, int cap,
@@ -76,10 +113,12 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
     constexpr int LOOK = MAXR > AT_SMALL || HD > 128 ? 2 : 4;
     constexpr int VLOOK = MAXR > AT_SMALL && HD > 128 ? 4 : 8; /* value rows likewise */
     constexpr int MAIN = MAXR * HD + AT_WARPS * MAXR * 32, MERGE = AT_WARPS * MAXR * HD;
+    constexpr bool ALL = MAXR == AT_SMALL && FMT != CUDA_KV_Q8; /* q8's rows cost arithmetic */
     /* the loop's queries and probabilities, then the warps' sums to merge */
     __shared__ __align__(16) float sm[MAIN > MERGE ? MAIN : MERGE];
     __shared__ float wm[AT_WARPS][MAXR], wl[AT_WARPS][MAXR];
     float *qs = sm, *ps = sm + MAXR * HD;
+    pdl_wait(); /* the position, the queries and the rows just stored */
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int hw = lane >> 4, hl = lane & 15;
     const int gqa = nh / nkv, pos0 = *d_pos, i0 = blockIdx.z * qb;
@@ -97,14 +136,19 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
             pml[2 * at] = -INFINITY, pml[2 * at + 1] = 0;
         }
     } else {
-        for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
+        /* The decode variant over f32 and f16 works every one of its MAXR
+         * rows, rows past R on zero queries (never stored): unguarded, the
+         * compiler interleaves the rows' shuffle chains, which otherwise
+         * wait on each other, and a short context's step is those chains. */
+        for (int e = tid; e < (ALL ? MAXR : R) * HD; e += 32 * AT_WARPS) {
             const int r = e / HD, d = e % HD;
-            qs[e] = q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] * scale;
+            qs[e] = r < R ? q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] * scale : 0.0f;
         }
         __syncthreads();
+        constexpr bool F16 = FMT == CUDA_KV_F16;
         const size_t row_bytes = (size_t)HD * (F16 ? 2 : 4);
-        const char *K = (const char *)kc + (size_t)h * cap * row_bytes;
-        const char *V = (const char *)vc + (size_t)h * cap * row_bytes;
+        const char *K = (const char *)kc + kv_stream_bytes(FMT, HD, cap) * h;
+        const char *V = (const char *)vc + kv_stream_bytes(FMT, HD, cap) * h;
         const int wj0 = j0 + warp * (per / AT_WARPS), wj1 = wj0 + per / AT_WARPS < j1 ? wj0 + per / AT_WARPS : j1;
         float m[MAXR], l[MAXR], acc[MAXR][DL];
 #pragma unroll
@@ -118,6 +162,64 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
             float mine[MAXR]; /* this lane's position's score, per row */
 #pragma unroll
             for (int r = 0; r < MAXR; r++) mine[r] = 0;
+            if constexpr (FMT == CUDA_KV_Q8) {
+                /* tile by tile: lane l's quads l (and l + 32) and their blocks' scales */
+                constexpr int QPL = HD / 128;
+                float first[MAXR]; /* the first tile's sums, until the second's are made */
+#pragma unroll
+                for (int r = 0; r < MAXR; r++) first[r] = 0;
+                /* a tile with no position (past cnt) scores zeros, never read */
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++) {
+                    uint4 code[QPL][4];
+                    float sc[QPL][16];
+                    const bool have = tt * 16 < cnt;
+                    const uint8_t *tile = (const uint8_t *)K + (size_t)((base + 16 * tt) / 16) * 17 * HD;
+#pragma unroll
+                    for (int u = 0; u < QPL; u++) {
+                        const int quad = lane + 32 * u;
+#pragma unroll
+                        for (int c = 0; c < 4; c++)
+                            code[u][c] = have ? ((const uint4 *)(tile + HD + 64 * quad))[c] : make_uint4(0, 0, 0, 0);
+                        if (have) q8_scales(tile, quad / 8, sc[u]);
+                        else
+#pragma unroll
+                            for (int p = 0; p < 16; p++) sc[u][p] = 0;
+                    }
+#pragma unroll
+                    for (int r = 0; r < MAXR; r++)
+                        if (ALL || r < R) {
+                            float v[16];
+#pragma unroll
+                            for (int p = 0; p < 16; p++) v[p] = 0;
+#pragma unroll
+                            for (int u = 0; u < QPL; u++) {
+                                const float4 qq = *(const float4 *)(qs + r * HD + 4 * (lane + 32 * u));
+#pragma unroll
+                                for (int c = 0; c < 4; c++) {
+                                    const uint32_t w4[4] = {code[u][c].x, code[u][c].y, code[u][c].z, code[u][c].w};
+#pragma unroll
+                                    for (int e = 0; e < 4; e++) {
+                                        const uint32_t wd = w4[e]; /* position 4c + e's 4 codes */
+                                        float t = qq.x * (float)(int8_t)(wd & 0xff);
+                                        t = fmaf(qq.y, (float)(int8_t)((wd >> 8) & 0xff), t);
+                                        t = fmaf(qq.z, (float)(int8_t)((wd >> 16) & 0xff), t);
+                                        t = fmaf(qq.w, (float)(int8_t)(wd >> 24), t);
+                                        v[4 * c + e] = fmaf(t, sc[u][4 * c + e], v[4 * c + e]);
+                                    }
+                                }
+                            }
+                            const float sum = q8_warp_sums(v, lane);
+                            if (tt == 0) first[r] = sum;
+                            else {
+                                /* lane k keeps position k's: tile k / 16, from lane 2 (k % 16) */
+                                const float a = __shfl_sync(0xffffffffu, first[r], (2 * lane) & 31);
+                                const float b = __shfl_sync(0xffffffffu, sum, (2 * lane) & 31);
+                                mine[r] = lane < 16 ? a : b;
+                            }
+                        }
+                }
+            } else
             for (int k0 = 0; k0 < 16; k0 += LOOK) {
                 float kr[LOOK][DPL];
 #pragma unroll
@@ -132,7 +234,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                 for (int u = 0; u < LOOK; u++)
 #pragma unroll
                     for (int r = 0; r < MAXR; r++)
-                        if (r < R) {
+                        if (ALL || r < R) {
                             const float *qq = qs + r * HD + hl * DPL;
                             float t = 0;
 #pragma unroll
@@ -153,7 +255,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
             const int j = base + lane;
 #pragma unroll
             for (int r = 0; r < MAXR; r++)
-                if (r < R) {
+                if (ALL || r < R) {
                     const float sc = lane < cnt && j <= pos0 + i0 + r / gqa ? mine[r] : -INFINITY;
                     const float mnew = fmaxf(m[r], warp_max(sc));
                     float p = 0, alpha = 1;
@@ -168,6 +270,42 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                     ps[(warp * MAXR + r) * 32 + lane] = p;
                 }
             __syncwarp();
+            if constexpr (FMT == CUDA_KV_Q8) {
+                /* lane l's DL dims of each position pair, weighed by p times the position's scale */
+                for (int tt = 0; tt < 2 && tt * 16 < cnt; tt++) {
+                    const uint8_t *tile = (const uint8_t *)V + (size_t)((base + 16 * tt) / 16) * 17 * HD;
+                    float sc[16];
+                    q8_scales(tile, lane * DL / 32, sc);
+                    uint32_t cw[8][DL / 2];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const uint32_t *src = (const uint32_t *)(tile + HD + i * 2 * HD + 2 * lane * DL);
+#pragma unroll
+                        for (int c = 0; c < DL / 2; c++) cw[i][c] = src[c];
+                    }
+#pragma unroll
+                    for (int r = 0; r < MAXR; r++)
+                        if (ALL || r < R) {
+                            const float *pr = ps + (warp * MAXR + r) * 32 + 16 * tt;
+#pragma unroll
+                            for (int i = 0; i < 8; i++) {
+                                /* positions past cnt weigh 0, their scales unread */
+                                const int p0 = 2 * i, p1 = 2 * i + 1;
+                                const float w0 = 16 * tt + p0 < cnt ? __fmul_rn(pr[p0], sc[p0]) : 0.0f;
+                                const float w1 = 16 * tt + p1 < cnt ? __fmul_rn(pr[p1], sc[p1]) : 0.0f;
+#pragma unroll
+                                for (int c = 0; c < DL / 2; c++) {
+                                    /* dims 2c and 2c + 1: bytes (pos 2i, pos 2i+1) of each */
+                                    const uint32_t wd = cw[i][c];
+                                    acc[r][2 * c] = fmaf(w0, (float)(int8_t)(wd & 0xff), acc[r][2 * c]);
+                                    acc[r][2 * c] = fmaf(w1, (float)(int8_t)((wd >> 8) & 0xff), acc[r][2 * c]);
+                                    acc[r][2 * c + 1] = fmaf(w0, (float)(int8_t)((wd >> 16) & 0xff), acc[r][2 * c + 1]);
+                                    acc[r][2 * c + 1] = fmaf(w1, (float)(int8_t)(wd >> 24), acc[r][2 * c + 1]);
+                                }
+                            }
+                        }
+                }
+            } else
             for (int v0 = 0; v0 < cnt; v0 += VLOOK) {
                 float vr[VLOOK][DL];
 #pragma unroll
@@ -181,7 +319,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                 for (int u = 0; u < VLOOK; u++)
 #pragma unroll
                     for (int r = 0; r < MAXR; r++)
-                        if (r < R && v0 + u < cnt) {
+                        if ((ALL || r < R) && v0 + u < cnt) {
                             const float p = ps[(warp * MAXR + r) * 32 + v0 + u];
 #pragma unroll
                             for (int e = 0; e < DL; e++) acc[r][e] = fmaf(p, vr[u][e], acc[r][e]);
@@ -189,6 +327,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
             }
             __syncwarp();
         }
+        pdl_release(); /* the cache is read: the next matmul may start on its weights */
         __syncthreads(); /* qs and ps are done with: the merge reuses sm */
         float *wacc = sm;
 #pragma unroll
@@ -297,28 +436,29 @@ extern "C" int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_
     return s < 1 ? 1 : s;
 }
 
-template <int HD, bool F16>
+template <int HD, int FMT>
 static void launch(dim3 g, float *out, float *part, int *count, const float *q, int ldq, const void *kc,
                    const void *vc, const int *pos, int n, int nh, int nkv, int cap, float scale, int splits, int qb) {
     if (qb * (nh / nkv) <= AT_SMALL)
-        attn_split_kernel<HD, F16, AT_SMALL><<<g, 32 * AT_WARPS, 0, g_stream>>>(out, part, count, q, ldq, kc, vc, pos,
-                                                                               n, nh, nkv, cap, scale, splits, qb);
+        pdl_launch(attn_split_kernel<HD, FMT, AT_SMALL>, g, dim3(32 * AT_WARPS), out, part, count, q, ldq, kc, vc, pos,
+                   n, nh, nkv, cap, scale, splits, qb);
     else
-        attn_split_kernel<HD, F16, at_rows(HD)><<<g, 32 * AT_WARPS, 0, g_stream>>>(out, part, count, q, ldq, kc, vc,
-                                                                                  pos, n, nh, nkv, cap, scale, splits,
-                                                                                  qb);
+        pdl_launch(attn_split_kernel<HD, FMT, at_rows(HD)>, g, dim3(32 * AT_WARPS), out, part, count, q, ldq, kc, vc,
+                   pos, n, nh, nkv, cap, scale, splits, qb);
 }
 
-extern "C" void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int f16,
+extern "C" void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int fmt,
                                const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
                                int *d_count, int splits) {
     const int qb = tokens_per_block(n, nh, nkv, hd);
     const dim3 g(nkv, splits, (n + qb - 1) / qb);
 #define ARGS g, d_out, d_part, d_count, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb
-    if (hd == 128 && f16) launch<128, true>(ARGS);
-    else if (hd == 128) launch<128, false>(ARGS);
-    else if (f16) launch<256, true>(ARGS);
-    else launch<256, false>(ARGS);
+    if (hd == 128 && fmt == CUDA_KV_F16) launch<128, CUDA_KV_F16>(ARGS);
+    else if (hd == 128 && fmt == CUDA_KV_Q8) launch<128, CUDA_KV_Q8>(ARGS);
+    else if (hd == 128) launch<128, CUDA_KV_F32>(ARGS);
+    else if (fmt == CUDA_KV_F16) launch<256, CUDA_KV_F16>(ARGS);
+    else if (fmt == CUDA_KV_Q8) launch<256, CUDA_KV_Q8>(ARGS);
+    else launch<256, CUDA_KV_F32>(ARGS);
 #undef ARGS
     cuda_note("attention");
 }

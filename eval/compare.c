@@ -95,10 +95,15 @@ int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs
         kv_spec_name(&specs[i], r->name, sizeof r->name);
         r->weights = i && m != ref ? m_weights : "stored";
         /* bits from what the streams really hold at this context (KIVI's
-         * float window weighs more in a short one) */
-        KVStream *ks = kv_k(&kv[i], 0, 0), *vs = kv_v(&kv[i], 0, 0);
-        r->k_bits = 8.0 * ks->scheme->bytes(ks) / ((double)ctx * d);
-        r->v_bits = 8.0 * vs->scheme->bytes(vs) / ((double)ctx * d);
+         * float window weighs more in a short one); a GPU cache's schemes
+         * (f32, f16, q8) hold their nominal bits */
+        if (kv[i].dev) {
+            r->k_bits = specs[i].k->bits(d, &specs[i].ko), r->v_bits = specs[i].v->bits(d, &specs[i].vo);
+        } else {
+            KVStream *ks = kv_k(&kv[i], 0, 0), *vs = kv_v(&kv[i], 0, 0);
+            r->k_bits = 8.0 * ks->scheme->bytes(ks) / ((double)ctx * d);
+            r->v_bits = 8.0 * vs->scheme->bytes(vs) / ((double)ctx * d);
+        }
         r->bytes_per_token = (double)kv_cache_bytes(&kv[i]) / ctx;
         r->ppl = exp(nll[i] / (L - 1));
         r->kl = kl[i] / L;
@@ -115,7 +120,7 @@ int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs
     rc = 0;
 done:
     for (int i = 0; kv && i < n; i++)
-        if (kv[i].k) kv_cache_free(&kv[i]);
+        if (kv[i].k || kv[i].dev) kv_cache_free(&kv[i]);
     free(kv), free(lg), free(lref), free(lq), free(nll), free(kl), free(same), free(ref_gen);
     return rc;
 }

@@ -10,6 +10,7 @@
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda.h"
@@ -20,6 +21,7 @@
 #endif
 
 cudaStream_t g_stream;
+int g_pdl;
 static char g_failed_op[64];
 static cudaError_t g_failed;
 
@@ -67,7 +69,16 @@ extern "C" int cuda_open(CudaInfo *info, char *err, size_t errlen) {
                  p.major, p.minor);
         return -1;
     }
+    const char *pdl = getenv("RUN_CUDA_PDL");
+    g_pdl = p.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
     return 0;
+}
+
+extern "C" int cuda_set_pdl(int on) {
+    int major = 0, was = g_pdl;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) major = 0;
+    g_pdl = on && major >= 9;
+    return was;
 }
 
 extern "C" void cuda_mem(size_t *free_b, size_t *total_b) {
@@ -81,8 +92,8 @@ extern "C" void *cuda_alloc(size_t bytes, const char *what, char *err, size_t er
         cudaGetLastError();
         size_t fr = 0, tot = 0;
         cuda_mem(&fr, &tot);
-        snprintf(err, errlen, "out of GPU memory: %s needs %.2f GB, %.2f GB of %.2f GB free (%s)", what, bytes / 1e9,
-                 fr / 1e9, tot / 1e9, cudaGetErrorString(e));
+        snprintf(err, errlen, "out of GPU memory for %s: %.2f GB needed, %.2f GB of %.2f GB free (%s)", what,
+                 bytes / 1e9, fr / 1e9, tot / 1e9, cudaGetErrorString(e));
         return NULL;
     }
     return d;

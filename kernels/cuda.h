@@ -50,6 +50,11 @@ int cuda_memset(void *d, int v, size_t bytes);
 /* Waits for the stream; 0, or -1 with one line naming the op (the first
  * launch that failed, else where) and the CUDA error string. */
 int cuda_sync(const char *where, char *err, size_t errlen);
+/* Programmatic dependent launch between the decode step's kernels
+ * (kernels/cuda_common.cuh), on by default where the GPU has it (9.0 and
+ * up) unless RUN_CUDA_PDL=0; returns whether it was on. Graphs keep
+ * what they were captured with. */
+int cuda_set_pdl(int on);
 /* Free and total device memory now. */
 void cuda_mem(size_t *free_b, size_t *total_b);
 /* The device's copy bandwidth in GB/s (bytes read plus bytes written, the
@@ -80,15 +85,24 @@ void cuda_embed(float *d_x, const void *d_E, int dtype, const int *d_tokens, int
 /* y[i] = rmsnorm(x[i], w) for n rows of H, rows ldy and ldx floats apart
  * (rmsnorm; y may alias x). */
 void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, const float *d_w, int n, int H, float eps);
+/* The KV caches on the GPU, one stream per (layer, kv head) of cap
+ * positions, as on the CPU (kv/f32.c, kv/f16.c, kv/q8.c):
+ *   CUDA_KV_F32, CUDA_KV_F16  rows [cap, hd]
+ *   CUDA_KV_Q8  tiles of 16 positions, |fp16 scales [hd/32][16]|codes [16 hd]|,
+ *               K codes [hd/4][16][4 int8], V codes [8 pairs][hd][2 int8] */
+enum { CUDA_KV_F32, CUDA_KV_F16, CUDA_KV_Q8 };
+/* Bytes of one stream of cap positions. */
+size_t cuda_kv_stream_bytes(int fmt, int hd, int cap);
 /* Per token i < n at position pos + i (pos read from d_pos): every query
  * head of q [n, nh, hd] and key head of k [n, nkv, hd] RMSNormed with
  * qn / kn [hd] and NeoX-roped over its first rot dims with the tables
  * cs / sn [positions, rot / 2] (rmsnorm, rope); the keys and v [n, nkv, hd]
- * then stored at slot pos + i of the caches kc, vc [nkv, cap, hd] (f32,
- * or f16 rounded to nearest even when f16). Token i's rows of q, k and v
- * start i * ld floats after their first (one q|k|v matmul's output). */
+ * then stored at slot pos + i of the caches kc, vc [nkv streams] in format
+ * fmt (f16 rounded to nearest even; q8 blocks as kv/q8.c's append, byte
+ * for byte). Token i's rows of q, k and v start i * ld floats after their
+ * first (one q|k|v matmul's output). */
 void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, int ld, const float *d_qn,
-                        const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc, int f16,
+                        const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc, int fmt,
                         const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap, float eps);
 /* out [n, I] = silu(gate) * up for gu [n, 2I] holding gate i and up i at
  * 2i and 2i + 1, the output of the gate|up matmul over interleaved rows
@@ -120,9 +134,9 @@ void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int r
 void cuda_matvec(float *d_y, const float *d_x, int xmode, const float *d_nw, float eps, const void *d_W, int dtype,
                  int rows, int cols, int n, int pair, int add);
 
-/* ---- attn/attn.cu: twin of attn_group_ref over f32 and f16 caches ---- */
+/* ---- attn/attn.cu: twin of attn_group_ref over f32, f16 and q8 caches ---- */
 /* Causal attention of n tokens at positions pos .. pos + n - 1 (pos from
- * d_pos) over the caches kc, vc [nkv, cap, hd] of one layer, holding
+ * d_pos) over the caches kc, vc [nkv streams] of one layer in format fmt, holding
  * positions 0 .. pos + n - 1: out [n, nh, hd] from q [n, nh, hd] (query
  * head h reads kv head h / (nh / nkv)). Split-K flash-decoding: each kv
  * head's positions are cut into splits, each split's partial softmax goes
@@ -134,9 +148,20 @@ size_t cuda_attn_part_floats(int n, int nh, int hd, int splits);
 /* Splits for n tokens over cap positions on sm_count SMs (at most 256;
  * 1 writes out directly). */
 int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_count);
-void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int f16,
+void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int fmt,
                     const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
                     int *d_count, int splits);
+
+/* ---- sample/sampler.cu: twin of sampler_sample ---- */
+/* The next token from logits [V] (V <= CUDA_SAMPLE_MAX_VOCAB), as
+ * sampler_sample picks it with the same filters and coin (SampleDraw in
+ * sample/sampler.h): out[0] the token, out[1] how many tokens had a
+ * non-zero chance. The penalties change logits in place; prob [V] is
+ * scratch; pen [2 n_pen] holds the distinct penalised tokens, then their
+ * counts. */
+#define CUDA_SAMPLE_MAX_VOCAB (1 << 18)
+void cuda_sample(int *d_out, float *d_logits, int V, float *d_prob, const int *d_pen, int n_pen, float temperature,
+                 int top_k, float top_p, float min_p, float coin, float repeat, float frequency, float presence);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,35 @@ extern cudaStream_t g_stream;
 /* Records the first failed launch with the op's name (kernels/cuda.cu). */
 void cuda_note(const char *op);
 
+/* Programmatic dependent launch (compute capability 9.0 and up, on unless
+ * RUN_CUDA_PDL=0): a kernel launched by pdl_launch may be scheduled while
+ * the one before it still runs, from the moment every block of that one
+ * has called pdl_release (or exited). It must call pdl_wait, which returns
+ * once the one before has finished and its writes are visible, before it
+ * reads or writes anything but constant weights: what comes before the
+ * wait (a matmul's first weights into L2) overlaps the previous kernel's
+ * tail and the launch. Without it both are no-ops and launches are plain. */
+extern int g_pdl;
+__device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_release(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+template <typename... P, typename... A> static void pdl_launch(void (*k)(P...), dim3 grid, dim3 block, A... a) {
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = 0, cfg.stream = g_stream;
+    cfg.attrs = &at, cfg.numAttrs = g_pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, (P)a...);
+}
+
 __device__ __forceinline__ float bf16_f32(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 __device__ __forceinline__ float f16_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
@@ -21,6 +50,13 @@ __device__ __forceinline__ float weight_at(const void *W, int dtype, size_t j) {
     if (dtype == 0) return ((const float *)W)[j];
     uint16_t u = ((const uint16_t *)W)[j];
     return dtype == 1 ? f16_f32(u) : bf16_f32(u);
+}
+
+/* Bytes of one KV stream of cap positions in format fmt (kernels/cuda.h):
+ * q8 in tiles of 16 positions, 17 hd bytes each. */
+__host__ __device__ __forceinline__ size_t kv_stream_bytes(int fmt, int hd, int cap) {
+    if (fmt == 2) return (size_t)(cap + 15) / 16 * 17 * hd;
+    return (size_t)cap * hd * (fmt == 1 ? 2 : 4);
 }
 
 /* Sum over a warp, every lane getting it. */

@@ -71,13 +71,15 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const f
     __shared__ float inv[NT], red[GEMV_WARPS][2 * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r = blockIdx.x * (GEMV_WARPS / ks) + warp / ks, slice = warp % ks;
-    /* the first stretch of this warp's row into L2 while the norm is found */
-    if (XM && r < rows)
+    /* the first stretch of this warp's row into L2 while the kernel before
+     * finishes (pdl_wait) and the norm is found */
+    if (r < rows)
         for (int p = 0; p <= PAIR; p++)
             for (int c = (slice * 32 + lane) * 8, i = 0; c < cols && i < 4; c += 256 * ks, i++) {
                 const size_t at = ((size_t)((PAIR ? 2 * r : r) + p) * cols + c) * (DT == CUDA_F32 ? 4 : 2);
                 asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)W + at));
             }
+    pdl_wait();
     if (XM) {
         for (int t = 0; t < n; t++) {
             double ss = 0;
@@ -122,6 +124,7 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const f
                 }
         }
     }
+    pdl_release(); /* W is read: the next kernel may start on its own weights */
     /* the warp's sums, then the row's slices in order */
 #pragma unroll
     for (int p = 0; p <= PAIR; p++)
@@ -284,10 +287,10 @@ static void gemv_nt(float *y, const float *x, int xmode, const float *nw, float 
     /* as for W's own rows, so that a pair's sums are those of the plain matmul */
     const int ks = warps_per_row(pair ? 2 * rows : rows), rpb = GEMV_WARPS / ks;
     const dim3 g((rows + rpb - 1) / rpb), b(32 * GEMV_WARPS);
-    if (xmode && pair) gemv_kernel<DT, NT, 1, 1><<<g, b, 0, g_stream>>>(y, x, nw, eps, W, rows, cols, n, ks, add);
-    else if (xmode) gemv_kernel<DT, NT, 1, 0><<<g, b, 0, g_stream>>>(y, x, nw, eps, W, rows, cols, n, ks, add);
-    else if (pair) gemv_kernel<DT, NT, 0, 1><<<g, b, 0, g_stream>>>(y, x, nw, eps, W, rows, cols, n, ks, add);
-    else gemv_kernel<DT, NT, 0, 0><<<g, b, 0, g_stream>>>(y, x, nw, eps, W, rows, cols, n, ks, add);
+    if (xmode && pair) pdl_launch(gemv_kernel<DT, NT, 1, 1>, g, b, y, x, nw, eps, W, rows, cols, n, ks, add);
+    else if (xmode) pdl_launch(gemv_kernel<DT, NT, 1, 0>, g, b, y, x, nw, eps, W, rows, cols, n, ks, add);
+    else if (pair) pdl_launch(gemv_kernel<DT, NT, 0, 1>, g, b, y, x, nw, eps, W, rows, cols, n, ks, add);
+    else pdl_launch(gemv_kernel<DT, NT, 0, 0>, g, b, y, x, nw, eps, W, rows, cols, n, ks, add);
 }
 
 template <int DT>

@@ -22,18 +22,20 @@
 #include "kernels/cuda_common.cuh"
 
 __global__ void embed_kernel(float *x, const void *E, int dtype, const int *tokens, int H) {
+    pdl_wait();
     const size_t row = (size_t)tokens[blockIdx.x] * H;
     for (int j = threadIdx.x; j < H; j += blockDim.x) x[(size_t)blockIdx.x * H + j] = weight_at(E, dtype, row + j);
 }
 
 extern "C" void cuda_embed(float *d_x, const void *d_E, int dtype, const int *d_tokens, int n, int H) {
-    embed_kernel<<<n, 256, 0, g_stream>>>(d_x, d_E, dtype, d_tokens, H);
+    pdl_launch(embed_kernel, dim3(n), dim3(256), d_x, d_E, dtype, d_tokens, H);
     cuda_note("embedding lookup");
 }
 
 /* One block per row: y = w * (x * inv), inv = 1 / sqrt(mean(x^2) + eps). */
 __global__ void rmsnorm_kernel(float *y, int ldy, const float *x, int ldx, const float *w, int H, float eps) {
     __shared__ double sh[32];
+    pdl_wait();
     const float *xr = x + (size_t)blockIdx.x * ldx;
     float *yr = y + (size_t)blockIdx.x * ldy;
     double ss = 0;
@@ -46,8 +48,27 @@ __global__ void rmsnorm_kernel(float *y, int ldy, const float *x, int ldx, const
 
 extern "C" void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, const float *d_w, int n, int H,
                              float eps) {
-    rmsnorm_kernel<<<n, 256, 0, g_stream>>>(d_y, ldy, d_x, ldx, d_w, H, eps);
+    pdl_launch(rmsnorm_kernel, dim3(n), dim3(256), d_y, ldy, d_x, ldx, d_w, H, eps);
     cuda_note("rmsnorm");
+}
+
+extern "C" size_t cuda_kv_stream_bytes(int fmt, int hd, int cap) { return kv_stream_bytes(fmt, hd, cap); }
+
+/* Thread t's value x of a vector into q8 tiles at position pos, as
+ * kv/q8.c's append_ref: its warp is the 32-value block t / 32, the scale
+ * d = amax / 127 from the f32 amax (stored as fp16), code roundf(x / d)
+ * through the f32 1 / d; V (role 1) codes pair positions byte by byte. */
+__device__ void q8_store(uint8_t *tiles, int hd, int pos, int t, float x, int role) {
+    const float amax = warp_max(fabsf(x));
+    const float d = __fdiv_rn(amax, 127.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    uint8_t *tl = tiles + (size_t)(pos / 16) * 17 * hd;
+    const int r = pos % 16, k = t / 32;
+    if ((t & 31) == 0) {
+        const __half h = __float2half_rn(d);
+        *(__half *)(tl + 2 * (k * 16 + r)) = h;
+    }
+    const size_t at = role == 0 ? (size_t)(t / 4) * 64 + 4 * r + t % 4 : (size_t)(r / 2) * 2 * hd + 2 * t + r % 2;
+    tl[hd + at] = (uint8_t)(int8_t)roundf(__fmul_rn(x, id));
 }
 
 /* Block (token i, head h) of hd threads, thread t on element t. Heads
@@ -55,10 +76,11 @@ extern "C" void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, con
  * are kv head h - nh: its key normed and roped, then key and value stored
  * in the caches at slot pos + i. */
 __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, int ld, const float *qn,
-                                     const float *kn, const float *cs, const float *sn, void *kc, void *vc, int f16,
+                                     const float *kn, const float *cs, const float *sn, void *kc, void *vc, int fmt,
                                      const int *d_pos, int nh, int nkv, int hd, int rot, int cap, float eps) {
     __shared__ double sh[32];
     __shared__ float buf[512];
+    pdl_wait();
     const int i = blockIdx.x, h = blockIdx.y, t = threadIdx.x, half = rot / 2;
     const int pos = *d_pos + i, is_q = h < nh, kh = h - nh;
     const float *src = is_q ? q + (size_t)i * ld + (size_t)h * hd : k + (size_t)i * ld + (size_t)kh * hd;
@@ -78,9 +100,15 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, i
         q[(size_t)i * ld + (size_t)h * hd + t] = y;
         return;
     }
-    const size_t slot = ((size_t)kh * cap + pos) * hd + t;
     const float vv = v[(size_t)i * ld + (size_t)kh * hd + t];
-    if (f16) {
+    if (fmt == CUDA_KV_Q8) {
+        const size_t stream = kv_stream_bytes(CUDA_KV_Q8, hd, cap) * kh;
+        q8_store((uint8_t *)kc + stream, hd, pos, t, y, 0);
+        q8_store((uint8_t *)vc + stream, hd, pos, t, vv, 1);
+        return;
+    }
+    const size_t slot = ((size_t)kh * cap + pos) * hd + t;
+    if (fmt == CUDA_KV_F16) {
         ((__half *)kc)[slot] = __float2half_rn(y);
         ((__half *)vc)[slot] = __float2half_rn(vv);
     } else {
@@ -91,10 +119,10 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, i
 
 extern "C" void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, int ld, const float *d_qn,
                                    const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc,
-                                   int f16, const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap,
+                                   int fmt, const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap,
                                    float eps) {
-    qk_rope_store_kernel<<<dim3(n, nh + nkv), hd, 0, g_stream>>>(d_q, d_k, d_v, ld, d_qn, d_kn, d_cs, d_sn, d_kc,
-                                                                   d_vc, f16, d_pos, nh, nkv, hd, rot, cap, eps);
+    pdl_launch(qk_rope_store_kernel, dim3(n, nh + nkv), dim3(hd), d_q, d_k, d_v, ld, d_qn, d_kn, d_cs, d_sn, d_kc,
+               d_vc, fmt, d_pos, nh, nkv, hd, rot, cap, eps);
     cuda_note("q/k norm + RoPE + KV store");
 }
 

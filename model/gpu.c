@@ -77,8 +77,8 @@ int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen) 
 int gpu_supports_kv(const KVSpec *spec, char *err, size_t errlen) {
     const char *names[2] = {spec->k->name, spec->v->name};
     for (int i = 0; i < 2; i++)
-        if (strcmp(names[i], "f32") && strcmp(names[i], "f16")) {
-            snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32 and f16 do; use -dev cpu)",
+        if (strcmp(names[i], "f32") && strcmp(names[i], "f16") && strcmp(names[i], "q8")) {
+            snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32, f16 and q8 do; use -dev cpu)",
                      names[i]);
             return -1;
         }
@@ -121,6 +121,9 @@ struct GpuModel {
     /* scratch (above) */
     float *x, *xb, *qkv, *att, *gu, *hb, *logits, *cat, *part;
     int *tokens, *pos, *bad, *count; /* count: the attention's split counters [GPU_BATCH * nkv] */
+    float *prob;                     /* the sampler's scratch [V] */
+    int *pick, *pen;                 /* the sampler's answer [2] and penalty tokens [2 V] */
+    float *last;                     /* the last forward's last row of logits [V], or NULL */
     size_t part_floats;
     float *cs, *sn; /* RoPE tables [max_pos, rot/2]: captured graphs keep these pointers */
     int graphs; /* RUN_CUDA_GRAPHS is not 0 */
@@ -129,8 +132,8 @@ struct GpuModel {
 /* The device side of a KVCache (kv->dev). */
 typedef struct {
     GpuModel *g;
-    int f16, layers, cap;
-    char *k, *v;      /* [layers, nkv, cap, hd] each */
+    int fmt, layers, cap; /* fmt: CUDA_KV_F32, _F16 or _Q8 */
+    char *k, *v;          /* [layers, nkv streams] each (kernels/cuda.h) */
     size_t layer_bytes;
     void *graph[GPU_GRAPH_MAX + 1][GPU_SPLIT_KINDS]; /* by token count and splits, captured on first use */
 } GpuKV;
@@ -288,8 +291,8 @@ static int open_common(GpuModel *g, char *err, size_t errlen) {
         if (f > g->part_floats) g->part_floats = f;
     }
     const size_t floats = 2 * B * H + B * (2 * qd + 2 * kvd) + 3 * B * c->ffn +
-                          (size_t)GPU_LOGIT_ROWS * c->vocab_size + 2 * B * H + g->part_floats;
-    const size_t ints = B + 2 + B * c->n_kv_heads;
+                          (size_t)GPU_LOGIT_ROWS * c->vocab_size + 2 * B * H + g->part_floats + c->vocab_size;
+    const size_t ints = B + 2 + B * c->n_kv_heads + 2 + 2 * (size_t)c->vocab_size;
     float *s = cuda_alloc(floats * sizeof(float) + ints * sizeof(int), "the activations' scratch", err, errlen);
     if (!s) return -1;
     g->x = s, s += B * H;
@@ -301,10 +304,13 @@ static int open_common(GpuModel *g, char *err, size_t errlen) {
     g->logits = s, s += (size_t)GPU_LOGIT_ROWS * c->vocab_size;
     g->cat = s, s += 2 * B * H;
     g->part = s, s += g->part_floats;
+    g->prob = s, s += c->vocab_size;
     g->tokens = (int *)s;
     g->pos = g->tokens + B;
     g->bad = g->pos + 1;
     g->count = g->bad + 1;
+    g->pick = g->count + B * c->n_kv_heads;
+    g->pen = g->pick + 2;
     /* the attention's split counters start at zero (attn/attn.cu) */
     if (cuda_memset(g->count, 0, B * c->n_kv_heads * sizeof(int))) {
         snprintf(err, errlen, "CUDA: clearing the attention scratch failed");
@@ -463,10 +469,10 @@ int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, 
     GpuKV *d = calloc(1, sizeof *d);
     if (!d) { snprintf(err, errlen, "out of memory"); return -1; }
     d->g = g;
-    d->f16 = strcmp(spec->k->name, "f16") == 0;
+    d->fmt = !strcmp(spec->k->name, "f16") ? CUDA_KV_F16 : !strcmp(spec->k->name, "q8") ? CUDA_KV_Q8 : CUDA_KV_F32;
     d->layers = mtp ? 1 : c->n_layers;
     d->cap = ctx;
-    d->layer_bytes = (size_t)c->n_kv_heads * ctx * c->head_dim * (d->f16 ? 2 : 4);
+    d->layer_bytes = c->n_kv_heads * cuda_kv_stream_bytes(d->fmt, c->head_dim, ctx);
     const size_t bytes = 2 * d->layer_bytes * d->layers;
     char what[96];
     snprintf(what, sizeof what, "a KV cache of %d positions (-c)", ctx);
@@ -516,8 +522,8 @@ static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, i
         mm(g->qkv, g->xb, &L->wqkv, n, 0);
     }
     cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn, kc, vc,
-                       d->f16, g->pos, n, nh, nkv, hd, c->rot_dim, d->cap, eps);
-    cuda_attention(g->att, g->qkv, ld, kc, vc, d->f16, g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd),
+                       d->fmt, g->pos, n, nh, nkv, hd, c->rot_dim, d->cap, eps);
+    cuda_attention(g->att, g->qkv, ld, kc, vc, d->fmt, g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd),
                    g->part, g->count, splits);
     mm(g->x, g->att, &L->wo, n, 1);
     if (fused) cuda_matvec(g->hb, g->x, 1, L->post_norm, eps, L->wgu.d, L->wgu.dtype, L->wgu.rows, H, n, 1, 0);
@@ -616,10 +622,10 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
                 break;
             case 1:
                 cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn,
-                                   d->k, d->v, d->f16, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
+                                   d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
                 break;
             case 2:
-                cuda_attention(g->att, g->qkv, ld, d->k, d->v, d->f16, g->pos, 1, nh, nkv, hd, d->cap,
+                cuda_attention(g->att, g->qkv, ld, d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, d->cap,
                                1.0f / sqrtf((float)hd), g->part, g->count, splits);
                 break;
             case 3: mm(g->x, g->att, &L->wo, 1, 1); break;
@@ -643,6 +649,7 @@ int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logit
     GpuKV *d = kv->dev;
     const int V = g->cfg.vocab_size, H = g->cfg.hidden, pos = kv->dev_len;
     *bad = -1;
+    g->last = NULL;
     for (int off = 0; off < n; off += GPU_BATCH) {
         const int nb = n - off < GPU_BATCH ? n - off : GPU_BATCH, last = off + nb == n;
         const int lg_rows = !logits ? 0 : all_logits ? nb : last ? 1 : 0;
@@ -657,8 +664,15 @@ int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logit
             if (lg_rows && cuda_download(dst, g->logits + (size_t)(nb - lg_rows) * V, (size_t)lg_rows * V * 4,
                                          "the logits", err, errlen))
                 return -1;
-        } else if (lg_rows && logits_down(g, nb - lg_rows, lg_rows, dst, err, errlen))
-            return -1;
+            g->last = g->logits + (size_t)(nb - 1) * V;
+        } else if (lg_rows) {
+            if (logits_down(g, nb - lg_rows, lg_rows, dst, err, errlen)) return -1;
+            g->last = g->logits + (size_t)((lg_rows - 1) % GPU_LOGIT_ROWS) * V;
+        } else if (last) {
+            /* the last row's logits stay on the device for gpu_sample */
+            mm(g->logits, g->xb + (size_t)(nb - 1) * H, &g->lm_head, 1, 0);
+            g->last = g->logits;
+        }
         if (hidden && cuda_download(hidden + (size_t)off * H, g->xb, (size_t)nb * H * 4, "the hidden states", err,
                                     errlen))
             return -1;
@@ -680,6 +694,7 @@ int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *t
     const float eps = (float)c->eps;
     *bad = -1;
     if (!g->has_mtp) { snprintf(err, errlen, "the model has no MTP head"); return -1; }
+    if (logits) g->last = NULL; /* its logits take the main model's place */
     for (int off = 0; off < n; off += GPU_BATCH) {
         const int nb = n - off < GPU_BATCH ? n - off : GPU_BATCH, last = off + nb == n;
         const int lg_rows = !logits ? 0 : all_logits ? nb : last ? 1 : 0, p = pos + off;
@@ -710,6 +725,33 @@ int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *t
             return 0;
         }
     }
+    return 0;
+}
+
+int gpu_sample(GpuModel *g, const SampleDraw *sd, int *token, int *kept, char *err, size_t errlen) {
+    const int V = g->cfg.vocab_size;
+    if (!g->last) {
+        snprintf(err, errlen, "sampling on the GPU: no logits there (the last forward made none)");
+        return -1;
+    }
+    if (V > CUDA_SAMPLE_MAX_VOCAB || sd->n_pen < 0 || sd->n_pen > V) {
+        snprintf(err, errlen, "sampling on the GPU: a vocabulary of %d (at most %d) or %d penalised tokens", V,
+                 CUDA_SAMPLE_MAX_VOCAB, sd->n_pen);
+        return -1;
+    }
+    int pick[2];
+    if ((sd->n_pen && cuda_upload(g->pen, sd->pen, 2 * (size_t)sd->n_pen * sizeof(int), "the penalised tokens", err,
+                                  errlen)))
+        return -1;
+    cuda_sample(g->pick, g->last, V, g->prob, g->pen, sd->n_pen, sd->temperature, sd->top_k, sd->top_p, sd->min_p,
+                sd->coin, sd->repeat, sd->frequency, sd->presence);
+    if (cuda_download(pick, g->pick, sizeof pick, "the sampled token", err, errlen) ||
+        cuda_sync("sampling", err, errlen))
+        return -1;
+    /* the penalties changed the logits in place: a second draw would see them twice */
+    if (sd->n_pen) g->last = NULL;
+    *token = pick[0];
+    if (kept) *kept = pick[1];
     return 0;
 }
 
@@ -753,6 +795,11 @@ int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logit
 int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
                     int all_logits, float *hm, int *bad, char *err, size_t errlen) {
     (void)g, (void)mkv, (void)hidden, (void)tokens, (void)n, (void)logits, (void)all_logits, (void)hm, (void)bad;
+    return no_cuda(err, errlen);
+}
+
+int gpu_sample(GpuModel *g, const SampleDraw *sd, int *token, int *kept, char *err, size_t errlen) {
+    (void)g, (void)sd, (void)token, (void)kept;
     return no_cuda(err, errlen);
 }
 

@@ -5,7 +5,7 @@
  * device arena in its stored dtype; from then on model_forward,
  * model_mtp_forward and model_kv_init come here. Per step only token ids
  * and the position go up, and the logits (or hidden states) a caller asks
- * for come down. The KV cache lives in device memory (f32 or f16 rows,
+ * for come down. The KV cache lives in device memory (f32 or f16 rows, q8 tiles,
  * attended in place by attn/attn.cu), hung on the KVCache (kv.h, dev).
  *
  *   tokens [n] -> embed -> layers (rmsnorm, q|k|v, q/k norm + RoPE + store,
@@ -26,6 +26,7 @@
 
 #include "kv/kv.h"
 #include "model/config.h"
+#include "sample/sampler.h"
 
 typedef struct Model Model;
 typedef struct GpuModel GpuModel;
@@ -73,6 +74,11 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
  * stops after the chunk that holds it. */
 int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
                 int *bad, char *err, size_t errlen);
+/* The next token from the last row of the last gpu_forward's logits,
+ * which stay on the device (only the id comes back): what sampler_sample
+ * would pick with the same SampleDraw (sample/sampler.cu). *kept (when not
+ * NULL): how many tokens had a chance. */
+int gpu_sample(GpuModel *g, const SampleDraw *sd, int *token, int *kept, char *err, size_t errlen);
 /* model_mtp_forward on the GPU: hidden [n, H] rows in, the MTP cache mkv;
  * *bad as above, for the MTP states. */
 int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,

@@ -550,6 +550,16 @@ int model_quantize(Model *m, int part, char *err, size_t errlen) {
 
 int model_to_gpu(Model *m, char *err, size_t errlen) { return gpu_model_open(&m->gpu, m, err, errlen); }
 
+int model_sample(Model *m, Sampler *s, int *token, char *err, size_t errlen) {
+    if (!m->gpu) {
+        snprintf(err, errlen, "model_sample: the model runs on the CPU (sample its logits with sampler_sample)");
+        return -1;
+    }
+    SampleDraw d;
+    sampler_draw(s, &d);
+    return gpu_sample(m->gpu, &d, token, NULL, err, errlen);
+}
+
 void model_drop_gpu(Model *m) {
     gpu_model_free(m->gpu);
     m->gpu = NULL;

@@ -25,6 +25,7 @@
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/source.h"
+#include "sample/sampler.h"
 
 /* One decoder layer: attention (Qwen3, and Qwen3.5's full layers) or
  * Gated DeltaNet (Qwen3.5's linear layers), then the MLP. Norm vectors are
@@ -125,6 +126,11 @@ void model_free(Model *m);
  * stored layout). 0 ok, -1 with one line in err (no device, a model or a
  * build it cannot run on, or out of GPU memory). */
 int model_to_gpu(Model *m, char *err, size_t errlen);
+/* On the GPU: the next token from the last row of the last model_forward's
+ * logits, drawn there (sample/sampler.cu), so that only its id crosses the
+ * bus; s's generator and penalty window advance as sampler_sample's would.
+ * 0 ok; -1 with one line in err (not on the GPU, or no logits there). */
+int model_sample(Model *m, Sampler *s, int *token, char *err, size_t errlen);
 /* Takes the forward back to the CPU (frees what model_to_gpu made; caches
  * opened on the GPU must be freed first). */
 void model_drop_gpu(Model *m);

@@ -27,8 +27,8 @@ int sampler_init(Sampler *s, int vocab, float temperature, int top_k, float top_
     s->repeat = 1;
     s->frequency = s->presence = 0;
     s->last_n = 0;
-    s->hist = s->count = NULL;
-    s->pen = NULL;
+    s->hist = s->count = s->pen = NULL;
+    s->pen_logits = NULL;
     s->n_seen = 0;
     s->prob = malloc((size_t)vocab * sizeof(float));
     s->idx = malloc((size_t)vocab * sizeof(int));
@@ -39,20 +39,22 @@ void sampler_free(Sampler *s) {
     free(s->prob);
     free(s->idx);
     free(s->pen);
+    free(s->pen_logits);
     free(s->hist);
     free(s->count);
 }
 
 int sampler_set_penalties(Sampler *s, int last_n, float repeat, float frequency, float presence) {
-    free(s->hist), free(s->count), free(s->pen);
-    s->hist = s->count = NULL, s->pen = NULL;
+    free(s->hist), free(s->count), free(s->pen), free(s->pen_logits);
+    s->hist = s->count = s->pen = NULL, s->pen_logits = NULL;
     s->last_n = 0, s->n_seen = 0;
     s->repeat = repeat, s->frequency = frequency, s->presence = presence;
     if (last_n <= 0 || (repeat == 1 && frequency == 0 && presence == 0)) return 0;
     s->hist = malloc((size_t)last_n * sizeof(int));
     s->count = calloc((size_t)s->vocab, sizeof(int));
-    s->pen = malloc((size_t)s->vocab * sizeof(float));
-    if (!s->hist || !s->count || !s->pen) return -1;
+    s->pen = malloc(2 * (size_t)last_n * sizeof(int));
+    s->pen_logits = malloc((size_t)s->vocab * sizeof(float));
+    if (!s->hist || !s->count || !s->pen || !s->pen_logits) return -1;
     s->last_n = last_n;
     return 0;
 }
@@ -64,23 +66,45 @@ void sampler_accept(Sampler *s, int id) {
     s->hist[s->n_seen++ % s->last_n] = id;
 }
 
-/* logits with the penalties applied (s->pen), or logits itself when off.
+/* logits with the penalties applied (s->pen_logits), or logits itself when off.
  * llama.cpp's order: repeat first, then frequency and presence. */
 static const float *penalize(Sampler *s, const float *logits) {
     if (!s->last_n || !s->n_seen) return logits;
     const int w = s->n_seen < s->last_n ? (int)s->n_seen : s->last_n;
-    memcpy(s->pen, logits, (size_t)s->vocab * sizeof(float));
+    memcpy(s->pen_logits, logits, (size_t)s->vocab * sizeof(float));
     for (int i = 0; i < w; i++)
         if (s->hist[i] >= 0 && s->hist[i] < s->vocab) s->count[s->hist[i]]++;
     for (int i = 0; i < w; i++) {
         const int t = s->hist[i];
         if (t < 0 || t >= s->vocab || !s->count[t]) continue;
-        float l = s->pen[t];
+        float l = s->pen_logits[t];
         l = l > 0 ? l / s->repeat : l * s->repeat;
-        s->pen[t] = l - (float)s->count[t] * s->frequency - s->presence;
+        s->pen_logits[t] = l - (float)s->count[t] * s->frequency - s->presence;
         s->count[t] = 0; /* each token once; also leaves count zeroed */
     }
-    return s->pen;
+    return s->pen_logits;
+}
+
+void sampler_draw(Sampler *s, SampleDraw *d) {
+    d->temperature = s->temperature, d->top_k = s->top_k, d->top_p = s->top_p, d->min_p = s->min_p;
+    d->repeat = s->repeat, d->frequency = s->frequency, d->presence = s->presence;
+    d->n_pen = 0, d->pen = s->pen;
+    if (s->last_n && s->n_seen) {
+        /* the window's distinct tokens in the order penalize meets them */
+        const int w = s->n_seen < s->last_n ? (int)s->n_seen : s->last_n;
+        for (int i = 0; i < w; i++)
+            if (s->hist[i] >= 0 && s->hist[i] < s->vocab) s->count[s->hist[i]]++;
+        for (int i = 0; i < w; i++) {
+            const int t = s->hist[i];
+            if (t < 0 || t >= s->vocab || !s->count[t]) continue;
+            s->pen[d->n_pen] = t;
+            s->pen[s->last_n + d->n_pen++] = s->count[t];
+            s->count[t] = 0;
+        }
+        /* counts after the tokens: [2 n_pen] as SampleDraw says */
+        memmove(s->pen + d->n_pen, s->pen + s->last_n, (size_t)d->n_pen * sizeof(int));
+    }
+    d->coin = s->temperature > 0 ? sampler_uniform(s) : 0;
 }
 
 int sampler_argmax(const float *logits, int n) { return argmax(logits, n); }
@@ -155,7 +179,10 @@ int sampler_sample(Sampler *s, const float *logits) {
     logits = penalize(s, logits);
     if (s->temperature <= 0) return sampler_argmax(logits, s->vocab);
     sampler_dist(s, logits);
-    float r = sampler_uniform(s), c = 0;
+    /* the running sum in f64: an f32 one over a 150K vocabulary drifts by
+     * 1e-4 of the mass, which would move every boundary after it */
+    const float r = sampler_uniform(s);
+    double c = 0;
     int last = 0;
     for (int i = 0; i < s->vocab; i++) {
         if (s->prob[i] <= 0) continue;

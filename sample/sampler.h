@@ -30,9 +30,21 @@ typedef struct {
     /* scratch [vocab] */
     float *prob;
     int *idx;
-    float *pen;        /* the penalised logits */
+    float *pen_logits; /* the penalised logits */
     int *count;        /* occurrences in the window, zero between calls */
+    int *pen;          /* [2 last_n]: a window's distinct tokens, then their counts (sampler_draw) */
 } Sampler;
+
+/* One draw's worth of a Sampler for a device that samples where the logits
+ * are (model_sample): the filters, the coin sampler_sample would draw, and
+ * the penalties as distinct tokens with their counts in the window. */
+typedef struct {
+    float temperature, top_p, min_p, coin;
+    int top_k;
+    float repeat, frequency, presence;
+    int n_pen;          /* distinct tokens to penalise */
+    const int *pen;     /* [2 n_pen]: the tokens, then their counts */
+} SampleDraw;
 
 int sampler_init(Sampler *s, int vocab, float temperature, int top_k, float top_p, float min_p, uint64_t seed);
 void sampler_free(Sampler *s);
@@ -51,5 +63,8 @@ void sampler_dist(Sampler *s, const float *logits);
 int sampler_sample(Sampler *s, const float *logits);
 /* Uniform in [0, 1) from the sampler's generator. */
 float sampler_uniform(Sampler *s);
+/* What sampler_sample would use for the next token, as a SampleDraw
+ * (consumes its coin from the generator, as sampler_sample does). */
+void sampler_draw(Sampler *s, SampleDraw *d);
 
 #endif

@@ -58,7 +58,8 @@ int spec_prefill(Spec *s, const float *hidden, const int *tokens, int n, char *e
 
 /* Draws from a distribution [V] with the sampler's generator. */
 static int draw(Sampler *smp, const float *prob, int V) {
-    float r = sampler_uniform(smp), c = 0;
+    const float r = sampler_uniform(smp);
+    double c = 0; /* f64, as sampler_sample's */
     int last = 0;
     for (int i = 0; i < V; i++) {
         if (prob[i] <= 0) continue;
@@ -80,7 +81,8 @@ int spec_verify_token(Sampler *smp, const float *p, const float *q, int d, int V
     double sum = 0;
     for (int i = 0; i < V; i++) sum += p[i] > q[i] ? p[i] - q[i] : 0;
     if (sum <= 0) return draw(smp, p, V);
-    float r = (float)(sampler_uniform(smp) * sum), c = 0;
+    const double r = sampler_uniform(smp) * sum;
+    double c = 0;
     int last = d;
     for (int i = 0; i < V; i++) {
         float w = p[i] > q[i] ? p[i] - q[i] : 0;

@@ -16,18 +16,21 @@
 #include "kernels/ops.h"
 #include "model/gpu.h"
 #include "model/model.h"
+#include "sample/sampler.h"
 #define TEST_SEED 0xC0DAC0DAull
 #include "tests/util.h"
 
 /* What the GPU path refuses is decided from the config and the scheme,
  * on any machine: Qwen3.5's hybrid, head dims other than 128 and 256, and
- * the compressed schemes (so far). */
+ * the compressed schemes but q8 (so far), and a K/V pair of two schemes. */
 Test(cuda, what_the_gpu_refuses) {
     static const struct {
         const char *model, *kv, *says;
     } cases[] = {
         {"models/qwen3-kjv-mtp", "f16", NULL},
         {"models/qwen3-kjv-mtp", "f32", NULL},
+        {"models/qwen3-kjv-mtp", "q8", NULL},
+        {"models/qwen3-kjv-mtp", "q8/f16", "K and V in different schemes"},
         {"models/qwen3-kjv-mtp", "tbq4", "KV scheme tbq4 has no CUDA kernel yet"},
         {"models/qwen35-kjv-mtp", "f16", "Gated DeltaNet"},
         {"tests/data/fixtures/tiny", "f16", "head_dim 32"},
@@ -235,33 +238,60 @@ Test(cuda, embedding_rows_are_exact) {
 }
 
 /* q/k norm + RoPE + store: q in place and the cache rows against rmsnorm
- * then rope on the CPU (f32 cache: to rounding; f16: the rounded bits). */
+ * then rope on the CPU (f32 cache: to rounding; f16: the rounded bits;
+ * q8: kv/q8.c's blocks of the same keys and values, byte for byte). */
 Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
     need_gpu();
     /* one q|k|v matmul's rows [n, (nh + 2 nkv) hd], as the model has them */
     enum { n = 3, nh = 4, nkv = 2, hd = 128, ld = (nh + 2 * nkv) * hd };
     const int rot = 128, cap = 40, pos = 21, half = rot / 2;
-    for (int f16 = 0; f16 < 2; f16++) {
-        float qkv[n * ld], qn[hd], kn[hd];
+    float gk[n][nkv][hd]; /* the GPU's keys, from the f32 pass, for the q8 pass's CPU quantizer */
+    float qkv[n * ld], qn[hd], kn[hd];
+    fill(qkv, n * ld), fill(qn, hd), fill(kn, hd);
+    for (int fmt = 0; fmt < 3; fmt++) {
+        const int f16 = fmt == CUDA_KV_F16;
         float *cs = malloc((size_t)cap * half * 4), *sn = malloc((size_t)cap * half * 4);
-        fill(qkv, n * ld), fill(qn, hd), fill(kn, hd);
         for (int p = 0; p < cap; p++)
             for (int j = 0; j < half; j++) {
                 double a = p * pow(1e6, -2.0 * j / rot);
                 cs[p * half + j] = (float)cos(a), sn[p * half + j] = (float)sin(a);
             }
-        const size_t cbytes = (size_t)nkv * cap * hd * (f16 ? 2 : 4);
+        const size_t sb = cuda_kv_stream_bytes(fmt, hd, cap), cbytes = nkv * sb;
         float *dq = up(qkv, sizeof qkv), *dqn = up(qn, sizeof qn), *dkn = up(kn, sizeof kn),
               *dcs = up(cs, (size_t)cap * half * 4), *dsn = up(sn, (size_t)cap * half * 4);
         void *dkc = up(NULL, cbytes), *dvc = up(NULL, cbytes);
         int *dpos = up(&pos, sizeof pos);
-        cuda_qk_rope_store(dq, dq + nh * hd, dq + (nh + nkv) * hd, ld, dqn, dkn, dcs, dsn, dkc, dvc, f16, dpos, n, nh,
+        cuda_qk_rope_store(dq, dq + nh * hd, dq + (nh + nkv) * hd, ld, dqn, dkn, dcs, dsn, dkc, dvc, fmt, dpos, n, nh,
                            nkv, hd, rot, cap, 1e-6f);
         float gq[n * ld];
         char *kc = malloc(cbytes), *vc = malloc(cbytes);
         down(gq, dq, sizeof gq);
         down(kc, dkc, cbytes), down(vc, dvc, cbytes);
-        for (int i = 0; i < n; i++) {
+        if (fmt == CUDA_KV_Q8) {
+            /* the CPU's q8 append of the same keys (the f32 pass's) and values: the same blocks */
+            KVSpec spec;
+            char err[256];
+            cr_assert_eq(kv_spec_parse("q8", &spec, err, sizeof err), 0, "%s", err);
+            for (int h = 0; h < nkv; h++)
+                for (int role = 0; role < 2; role++) {
+                    KVStream cs8, gs8;
+                    cr_assert_eq(kv_stream_init(&cs8, spec.k, &spec.ko, hd, cap, 0, role, err, sizeof err), 0, "%s", err);
+                    gs8 = cs8;
+                    gs8.data = (uint8_t *)(role ? vc : kc) + h * sb;
+                    for (int t = 0; t < pos + n; t++) {
+                        float x[hd], a[hd], b[hd];
+                        for (int j = 0; j < hd; j++)
+                            x[j] = t < pos ? 0 : role ? qkv[(t - pos) * ld + (nh + nkv + h) * hd + j] : gk[t - pos][h][j];
+                        kv_stream_append(&cs8, x);
+                        if (t < pos) continue;
+                        spec.k->dequant(&cs8, t, a), spec.k->dequant(&gs8, t, b);
+                        cr_expect(memcmp(a, b, sizeof a) == 0, "q8 %s at token %d head %d: the GPU's block differs",
+                                  role ? "value" : "key", t - pos, h);
+                    }
+                    kv_stream_free(&cs8);
+                }
+        }
+        for (int i = 0; i < n && fmt != CUDA_KV_Q8; i++) {
             for (int h = 0; h < nh + nkv; h++) {
                 float x[128];
                 const float *src = qkv + i * ld + h * hd; /* queries, then keys */
@@ -273,6 +303,7 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
                     else {
                         size_t at = ((size_t)(h - nh) * cap + pos + i) * hd + j;
                         g = f16 ? f16_to_f32(((uint16_t *)kc)[at]) : ((float *)kc)[at];
+                        if (!f16) gk[i][h - nh][j] = g;
                         if (f16) x[j] = f16_to_f32(f32_to_f16(x[j]));
                     }
                     cr_expect(fabsf(g - x[j]) <= 1e-6f * (1 + fabsf(x[j])), "f16 %d token %d head %d dim %d: %g vs %g",
@@ -298,7 +329,8 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
  * token by token over CPU streams holding the same rows. */
 static void check_attention(const char *scheme, int hd, int nkv, int gqa, int pos, int n, int splits) {
     const int nh = nkv * gqa, cap = pos + n + 5, L = pos + n;
-    const int f16 = !strcmp(scheme, "f16");
+    const int fmt = !strcmp(scheme, "f16") ? CUDA_KV_F16 : !strcmp(scheme, "q8") ? CUDA_KV_Q8 : CUDA_KV_F32;
+    const int f16 = fmt == CUDA_KV_F16;
     char err[256];
     KVSpec spec;
     cr_assert_eq(kv_spec_parse(scheme, &spec, err, sizeof err), 0, "%s", err);
@@ -308,7 +340,7 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
     /* head-distinct, non-zero rows; keys scaled so the softmax is not flat */
     for (size_t i = 0; i < (size_t)L * nkv * hd; i++) K[i] = grand() * 0.3f, Vv[i] = grand();
     fill(q, n * nh * hd);
-    const size_t es = f16 ? 2 : 4, cbytes = (size_t)nkv * cap * hd * es;
+    const size_t sb = cuda_kv_stream_bytes(fmt, hd, cap), cbytes = nkv * sb;
     char *kc = calloc(1, cbytes), *vc = calloc(1, cbytes);
     for (int h = 0; h < nkv; h++) {
         KVStream ks, vs;
@@ -318,7 +350,7 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
             const float *kr = K + ((size_t)t * nkv + h) * hd, *vr = Vv + ((size_t)t * nkv + h) * hd;
             kv_stream_append(&ks, kr);
             kv_stream_append(&vs, vr);
-            for (int j = 0; j < hd; j++) {
+            for (int j = 0; j < hd && fmt != CUDA_KV_Q8; j++) {
                 size_t at = ((size_t)h * cap + t) * hd + j;
                 if (f16) ((uint16_t *)kc)[at] = f32_to_f16(kr[j]), ((uint16_t *)vc)[at] = f32_to_f16(vr[j]);
                 else ((float *)kc)[at] = kr[j], ((float *)vc)[at] = vr[j];
@@ -328,6 +360,8 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
                 attn_group_ref(&ks, &vs, q + at, gqa, 1.0f / sqrtf((float)hd), want + at);
             }
         }
+        /* q8: the CPU's tiles are the GPU's, byte for byte */
+        if (fmt == CUDA_KV_Q8) memcpy(kc + h * sb, ks.data, sb), memcpy(vc + h * sb, vs.data, sb);
         kv_stream_free(&ks), kv_stream_free(&vs);
     }
     CudaInfo info;
@@ -340,12 +374,12 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
     int *dcount = up(NULL, (size_t)n * nkv * sizeof(int));
     cuda_memset(dcount, 0, (size_t)n * nkv * sizeof(int));
     int *dpos = up(&pos, sizeof pos);
-    cuda_attention(dout, dq, nh * hd, dkc, dvc, f16, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
+    cuda_attention(dout, dq, nh * hd, dkc, dvc, fmt, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
                    dcount, splits);
     down(got, dout, (size_t)n * nh * hd * 4);
     /* again over the same scratch: its split counters were left at zero */
     float *again = malloc((size_t)n * nh * hd * 4);
-    cuda_attention(dout, dq, nh * hd, dkc, dvc, f16, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
+    cuda_attention(dout, dq, nh * hd, dkc, dvc, fmt, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
                    dcount, splits);
     down(again, dout, (size_t)n * nh * hd * 4);
     cr_expect(memcmp(got, again, (size_t)n * nh * hd * 4) == 0, "a second call over the same scratch differs");
@@ -367,13 +401,13 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
 
 Test(cuda, attention_matches_attn_group_ref) {
     need_gpu();
-    const char *schemes[] = {"f32", "f16"};
+    const char *schemes[] = {"f32", "f16", "q8"};
     /* decode (both variants), verification, prefill chunks, a context of
      * one position, lengths off the 32-position runs */
     const int cases[][4] = {/* gqa, pos, n, nkv */ {1, 0, 1, 2},   {2, 1000, 1, 8}, {4, 333, 1, 8}, {6, 129, 3, 2},
                             {2, 300, 5, 2},   {4, 50, 37, 2},  {2, 0, 70, 1},   {8, 4095, 1, 4},
                             {2, 5000, 4, 8},  {16, 77, 2, 1}};
-    for (int s = 0; s < 2; s++)
+    for (int s = 0; s < 3; s++)
         for (int hd = 128; hd <= 256; hd *= 2)
             for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
                 if (cases[c][0] <= (hd == 128 ? 16 : 8))
@@ -381,6 +415,113 @@ Test(cuda, attention_matches_attn_group_ref) {
     check_attention("f16", 128, 8, 2, 300, 1, 256);
     check_attention("f16", 128, 2, 4, 40000, 1, 256);
     check_attention("f32", 256, 2, 2, 700, 3, 256);
+    check_attention("q8", 128, 2, 4, 40000, 1, 256);
+}
+
+/* sampler.cu against sampler_sample: the same filters and coins pick the
+ * same token, unless the coin lies within 1e-5 of the boundary between
+ * the two picks (the running sums are added in another order), and keep
+ * the same number of tokens. Random logits with a spread like a model's,
+ * a few tied maxima, and penalties on a window holding the likeliest
+ * tokens. */
+Test(cuda, sampling_matches_sampler_sample) {
+    need_gpu();
+    static const struct {
+        float t, p, minp;
+        int k, pen;
+    } cases[] = {
+        {0, 1, 0, 0, 0},   {0, 1, 0, 0, 1},       {0.7f, 1, 0, 0, 0},     {1, 1, 0, 40, 0},
+        {1, 0.9f, 0, 0, 0}, {1, 1, 0.05f, 0, 0},  {1.3f, 0.95f, 0.02f, 50, 0}, {0.8f, 0.9f, 0, 40, 1},
+        {1, 1e-9f, 0, 0, 0}, {1, 1, 0, 1, 0},     {2, 1, 0, 200000, 0},   {0.5f, 0.5f, 0.5f, 3, 1},
+    };
+    const int V = 151936, trials = 60;
+    float *lg = malloc((size_t)V * sizeof(float));
+    for (int i = 0; i < V; i++) lg[i] = 4 * (urand() + urand() + urand() - 1.5f);
+    for (int i = 0; i < 8; i++) lg[1000 + 7919 * i] = 9; /* tied maxima, then a spread below */
+    for (int i = 0; i < 50; i++) lg[50000 + i] = 8 - 0.05f * i;
+    float *dl = up(NULL, (size_t)V * 4), *dprob = up(NULL, (size_t)V * 4);
+    int *dout = up(NULL, 2 * sizeof(int)), *dpen = up(NULL, 2 * 64 * sizeof(int));
+    double *cum = malloc((size_t)V * sizeof(double));
+    int mismatched = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        Sampler a, b;
+        cr_assert_eq(sampler_init(&a, V, cases[c].t, cases[c].k, cases[c].p, cases[c].minp, 11 + c), 0);
+        cr_assert_eq(sampler_init(&b, V, cases[c].t, cases[c].k, cases[c].p, cases[c].minp, 11 + c), 0);
+        if (cases[c].pen) {
+            cr_assert_eq(sampler_set_penalties(&a, 64, 1.3f, 0.2f, 0.1f), 0);
+            cr_assert_eq(sampler_set_penalties(&b, 64, 1.3f, 0.2f, 0.1f), 0);
+            for (int i = 0; i < 80; i++) {
+                const int id = i % 3 ? 1000 + 7919 * (i % 8) : 50000 + i % 20;
+                sampler_accept(&a, id), sampler_accept(&b, id);
+            }
+        }
+        for (int r = 0; r < trials; r++) {
+            const int want = sampler_sample(&a, lg);
+            SampleDraw d;
+            sampler_draw(&b, &d);
+            cr_assert(d.n_pen <= 64);
+            char err[256];
+            cr_assert_eq(cuda_upload(dl, lg, (size_t)V * 4, "logits", err, sizeof err), 0, "%s", err);
+            if (d.n_pen) cr_assert_eq(cuda_upload(dpen, d.pen, 2 * (size_t)d.n_pen * sizeof(int), "pen", err, sizeof err), 0);
+            cuda_sample(dout, dl, V, dprob, dpen, d.n_pen, d.temperature, d.top_k, d.top_p, d.min_p, d.coin, d.repeat,
+                        d.frequency, d.presence);
+            int got[2];
+            down(got, dout, sizeof got);
+            if (cases[c].t <= 0) {
+                cr_expect_eq(got[0], want, "case %zu: greedy %d, the CPU %d", c, got[0], want);
+                continue;
+            }
+            int kept = 0;
+            double run = 0;
+            for (int i = 0; i < V; i++) kept += a.prob[i] > 0, cum[i] = run += a.prob[i];
+            cr_expect_eq(got[1], kept, "case %zu trial %d: %d tokens kept, the CPU %d", c, r, got[1], kept);
+            if (got[0] == want) continue;
+            /* a pick either side of a boundary the coin all but touches */
+            const int lo = got[0] < want ? got[0] : want, hi = got[0] < want ? want : got[0];
+            cr_expect(lo >= 0 && hi < V && fabs(d.coin - cum[lo]) < 1e-5 && fabs(d.coin - cum[hi - 1]) < 1e-5,
+                      "case %zu trial %d: coin %.9f picked %d, the CPU %d", c, r, d.coin, got[0], want);
+            mismatched++;
+        }
+        sampler_free(&a), sampler_free(&b);
+    }
+    cr_expect_leq(mismatched, 2, "%d picks differ from the CPU's", mismatched);
+    cuda_free(dl), cuda_free(dprob), cuda_free(dout), cuda_free(dpen);
+    free(lg), free(cum);
+}
+
+/* Weights or a cache the GPU cannot hold: one line naming what and how
+ * much was free, and nothing left allocated. */
+Test(cuda, out_of_memory_names_what_and_leaves_nothing) {
+    need_gpu();
+    size_t free0, total, now;
+    cuda_mem(&free0, &total);
+    Config c;
+    memset(&c, 0, sizeof c);
+    c.arch = ARCH_QWEN3, c.vocab_size = 1000, c.head_dim = c.rot_dim = 128, c.eps = 1e-6, c.rope_theta = 1e6;
+    c.tie_embeddings = 1;
+    /* about 1.9 GB of bf16 weights a layer, twice what the card holds */
+    c.hidden = 8192, c.n_heads = 64, c.n_kv_heads = 8, c.ffn = 32768, c.max_pos = 4096;
+    c.n_layers = (int)(2 * total / 1.9e9) + 1;
+    GpuModel *g = NULL;
+    char err[512] = "";
+    cr_expect_eq(gpu_model_random(&g, &c, 1, err, sizeof err), -1, "%d layers of 1.9 GB fit?", c.n_layers);
+    cr_expect(strstr(err, "out of GPU memory for the weights:") && strstr(err, "GB free"), "%s", err);
+    cr_expect_null(g);
+    cuda_mem(&now, &total);
+    cr_expect(now + (64 << 20) >= free0, "%.2f GB free before, %.2f GB after", free0 / 1e9, now / 1e9);
+    /* a model that fits, and a cache of a million positions that does not:
+     * 40 layers x 8 kv heads x 1 GB of f32 K and V each */
+    c.hidden = 1024, c.n_heads = 16, c.ffn = 3072, c.n_layers = 40, c.max_pos = 1 << 20;
+    cuda_mem(&free0, &total);
+    cr_assert_eq(gpu_model_random(&g, &c, 1, err, sizeof err), 0, "%s", err);
+    KVCache kv;
+    KVSpec spec;
+    cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(gpu_kv_init(g, &kv, &spec, 1 << 20, 0, err, sizeof err), -1);
+    cr_expect(strstr(err, "out of GPU memory for a KV cache of 1048576 positions (-c):"), "%s", err);
+    gpu_model_free(g);
+    cuda_mem(&now, &total);
+    cr_expect(now + (64 << 20) >= free0, "%.2f GB free before, %.2f GB after", free0 / 1e9, now / 1e9);
 }
 
 /* The shipped model on the GPU, f32 cache, against the float64 golden logits. */
@@ -477,18 +618,69 @@ static char *run_text(const char *env, const char *args, int gpu, int spec) {
     return out;
 }
 
+/* ./run's table from -m compare: per scheme row, its ppl and top-1 (%),
+ * found by the scheme's name in the first column; 0 rows on failure. */
+static int compare_rows(const char *dev, const char *names[], int n, double *ppl, double *top1) {
+    const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s models/qwen3-kjv-mtp -dev %s -m compare -kv f16,q8 -f tools/data/heldout.txt -c 400 "
+             "-n 8 2>/dev/null", bin, dev);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "cannot run %s", cmd);
+    char line[1024];
+    int found = 0;
+    while (fgets(line, sizeof line, p))
+        for (int i = 0; i < n; i++) {
+            char name[32];
+            double f[10];
+            /* | name | weights | K bits | V bits | bytes | vs f16 | ppl | dppl | KL | top-1% | ... */
+            if (sscanf(line, "| %31s | %*s | %lf | %lf | %lf | %lfx | %lf | %lf | %lf | %lf%%", name, &f[0], &f[1],
+                       &f[2], &f[3], &f[4], &f[5], &f[6], &f[7]) == 9 &&
+                !strcmp(name, names[i]))
+                ppl[i] = f[4], top1[i] = f[7], found++;
+        }
+    cr_expect_eq(pclose(p), 0, "%s failed", cmd);
+    return found;
+}
+
+/* -m compare on the GPU: the CPU's table, its quality columns within
+ * rounding of the logits (q8's CPU scores use 8-bit queries, its GPU ones
+ * f32: a little more). */
+Test(cuda, compare_matches_the_cpu, .timeout = 120) {
+    need_gpu();
+    const char *names[] = {"f32", "f16", "q8"};
+    double cp[3], ct[3], gp[3], gt[3];
+    cr_assert_eq(compare_rows("cpu", names, 3, cp, ct), 3, "the CPU's table");
+    cr_assert_eq(compare_rows("cuda", names, 3, gp, gt), 3, "the GPU's table");
+    for (int i = 0; i < 3; i++) {
+        cr_expect(fabs(gp[i] / cp[i] - 1) < (i == 2 ? 2e-3 : 2e-4), "%s: ppl %.4f on the GPU, %.4f on the CPU",
+                  names[i], gp[i], cp[i]);
+        cr_expect(fabs(gt[i] - ct[i]) <= 1.0, "%s: top-1 %.1f%% on the GPU, %.1f%% on the CPU", names[i], gt[i], ct[i]);
+    }
+}
+
 Test(cuda, greedy_tokens_match_the_cpu_and_speculation, .timeout = 120) {
     need_gpu();
     char *cpu = run_text("", "-dev cpu -kv f32 -spec 0", 0, 0), *gpu = run_text("", "-dev cuda -kv f32 -spec 0", 1, 0),
          *spec = run_text("", "-dev cuda -kv f32 -spec 3", 1, 1),
          *plain = run_text("RUN_CUDA_GRAPHS=0", "-dev cuda -kv f32 -spec 3", 1, 1),
+         *nopdl = run_text("RUN_CUDA_PDL=0", "-dev cuda -kv f32 -spec 3", 1, 1),
          *f16 = run_text("", "-dev cuda -kv f16 -spec 0", 1, 0),
-         *f16spec = run_text("", "-dev cuda -kv f16 -spec 3", 1, 1);
+         *f16spec = run_text("", "-dev cuda -kv f16 -spec 3", 1, 1),
+         *q8 = run_text("", "-dev cuda -kv q8 -spec 0", 1, 0), *q8spec = run_text("", "-dev cuda -kv q8 -spec 3", 1, 1),
+         *cpu_t = run_text("", "-dev cpu -kv f32 -spec 0 -t 0.8 -k 40 -p 0.95 -s 7 --repeat-penalty 1.1", 0, 0),
+         *gpu_t = run_text("", "-dev cuda -kv f32 -spec 0 -t 0.8 -k 40 -p 0.95 -s 7 --repeat-penalty 1.1", 1, 0);
     cr_expect_str_eq(gpu, cpu, "GPU greedy text differs from the CPU's");
     cr_expect_str_eq(spec, gpu, "GPU -spec 3 differs from -spec 0");
     cr_expect_str_eq(plain, spec, "GPU without graphs differs from with them");
+    cr_expect_str_eq(nopdl, spec, "GPU without programmatic dependent launch differs from with it");
     cr_expect_str_eq(f16spec, f16, "GPU -kv f16: -spec 3 differs from -spec 0");
-    free(cpu), free(gpu), free(spec), free(plain), free(f16), free(f16spec);
+    cr_expect_str_eq(q8spec, q8, "GPU -kv q8: -spec 3 differs from -spec 0");
+    /* the same seed draws the same text: the coin falls near a boundary
+     * between two tokens' shares (1e-5 wide, to rounding) rarely */
+    cr_expect_str_eq(gpu_t, cpu_t, "GPU sampled text (seed 7) differs from the CPU's");
+    free(cpu), free(gpu), free(spec), free(plain), free(nopdl), free(f16), free(f16spec), free(q8), free(q8spec), free(cpu_t),
+        free(gpu_t);
 }
 
 #endif

@@ -3,7 +3,8 @@
  * checkpoint needed).
  *
  * Per shape: decode tok/s at 0, 4K and 32K cached positions (f16 cache,
- * the cache filled with random rows rather than prefilled), with the step
+ * the cache filled with random rows rather than prefilled; then a q8
+ * cache), with the step
  * captured as a CUDA graph and launched kernel by kernel; the fraction of
  * the HBM roofline (weights + cache bytes read per token over the time,
  * against this run's device-to-device copy bandwidth); prefill tok/s of
@@ -149,6 +150,57 @@ static void bench_shape(const char *name, int steps, double bw) {
         fflush(stdout);
     }
     gpu_model_set_graphs(g, 1);
+    {
+        /* the same steps launched without programmatic dependent launch
+         * (a cache of their own: graphs keep how they were captured) */
+        const int pdl = cuda_set_pdl(0);
+        KVCache k2;
+        if (gpu_kv_init(g, &k2, &spec, cap, 0, err, sizeof err)) die(name, err);
+        printf("| context | without PDL: tok/s (graph) | tok/s (no graph) |\n|---|---|---|\n");
+        for (int i = 0; i < 3; i++) {
+            const double t = decode_s(g, &k2, ctxs[i], steps, logits);
+            gpu_model_set_graphs(g, 0);
+            const double t0 = decode_s(g, &k2, ctxs[i], steps, logits);
+            gpu_model_set_graphs(g, 1);
+            printf("| %d | %.1f | %.1f |\n", ctxs[i], 1 / t, 1 / t0);
+            fflush(stdout);
+        }
+        kv_cache_free(&k2);
+        cuda_set_pdl(pdl);
+    }
+    {
+        /* the same steps over a q8 cache: 17/16 bytes a value, scored from its tiles */
+        KVCache k8;
+        KVSpec q8 = {kv_find("q8"), kv_find("q8"), {0, 0}, {0, 0}};
+        if (gpu_kv_init(g, &k8, &q8, cap, 0, err, sizeof err)) die(name, err);
+        printf("| context | q8 cache: tok/s (graph) | roofline |\n|---|---|---|\n");
+        for (int i = 0; i < 3; i++) {
+            const double t = decode_s(g, &k8, ctxs[i], steps, NULL);
+            const double floor = (wbytes + kv_pos * 17 / 32 * ctxs[i]) / (bw * 1e9);
+            printf("| %d | %.1f | %.2f |\n", ctxs[i], 1 / t, floor / t);
+            fflush(stdout);
+        }
+        kv_cache_free(&k8);
+    }
+    /* drawing the next token where the logits are (sample/sampler.cu) */
+    {
+        int tok = 42, bad, pick;
+        kv_cache_truncate(&kv, 0);
+        if (gpu_forward(g, &kv, &tok, 1, NULL, 0, NULL, &bad, err, sizeof err) || bad >= 0) die("decode", err);
+        static const SampleDraw draws[] = {{0, 1, 0, 0.5f, 0, 1, 0, 0, 0, NULL},
+                                           {0.8f, 1, 0, 0.5f, 0, 1, 0, 0, 0, NULL},
+                                           {0.8f, 0.95f, 0.05f, 0.5f, 40, 1, 0, 0, 0, NULL},
+                                           {0.8f, 0.95f, 0, 0.5f, 0, 1, 0, 0, 0, NULL}};
+        static const char *const names[] = {"greedy", "temperature 0.8", "temperature 0.8, top-k 40, top-p 0.95, min-p 0.05",
+                                            "temperature 0.8, top-p 0.95 (no top-k)"};
+        printf("| sampling on the GPU | us (with the id's copy back) |\n|---|---|\n");
+        for (int i = 0; i < 4; i++) {
+            cuda_timer_start();
+            for (int r = 0; r < 100; r++)
+                if (gpu_sample(g, &draws[i], &pick, NULL, err, sizeof err)) die("sampling", err);
+            printf("| %s | %.1f |\n", names[i], cuda_timer_stop() / 100 * 1e6);
+        }
+    }
     /* where a step's time goes: each op of one layer alone */
     for (int i = 0; i < 3; i += 2) {
         printf("| op at context %d | us |\n|---|---|\n", ctxs[i]);

@@ -44,6 +44,9 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
     for dev in cpu cuda; do
         timeout 60 "$BUILD/run" -dev $dev -m ppl -kv f32 -f tools/data/heldout.txt 2>&1 | tail -n 3
     done
+    echo "== -dev cuda -kv q8, greedy, -spec 0 and 3; sampled (seed 7) on both devices"
+    for s in 0 3; do timeout 60 "$BUILD/run" -dev cuda -kv q8 -t 0 -n 64 -spec $s -i "And God said"; done
+    for dev in cpu cuda; do timeout 60 "$BUILD/run" -dev $dev -kv f32 -t 0.8 -k 40 -p 0.95 -s 7 -n 64 -i "And God said"; done
     echo "== refusals (usage errors: exit 2)"
     timeout 30 "$BUILD/run" -dev cuda -kv tbq4 -n 4; echo "exit $?"
     timeout 30 "$BUILD/run" -dev cuda -m kvstats -i "In the beginning"; echo "exit $?"
