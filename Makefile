@@ -30,8 +30,8 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 # whenever nvcc is found: CUDA=0 builds without it. The runtime is linked
 # statically, so the binary also starts on machines with no GPU or driver
 # (and runs on the CPU there). SASS for each of CUDA_ARCHS, plus PTX of the
-# oldest, which the driver compiles for any later GPU without SASS here
-# (sm_100, sm_110, ...).
+# oldest and of 90 (the first with programmatic dependent launch), which the
+# driver compiles for any later GPU without SASS here (sm_100, sm_110, ...).
 CUDA_HOME  ?= /usr/local/cuda
 NVCC       ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
 CUDA       ?= $(if $(NVCC),1,0)
@@ -43,8 +43,9 @@ LIB_OBJ  += $(CU_OBJ)
 CFLAGS   += -DUSE_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 NVFLAGS  ?= -O3 -std=c++17 -lineinfo --threads 0 -Xcompiler -Wall,-Wextra --Werror all-warnings
+PTX_ARCHS := $(sort $(firstword $(CUDA_ARCHS)) $(filter 90,$(CUDA_ARCHS)))
 NVGENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
-	-gencode arch=compute_$(firstword $(CUDA_ARCHS)),code=compute_$(firstword $(CUDA_ARCHS))
+	$(foreach a,$(PTX_ARCHS),-gencode arch=compute_$(a),code=compute_$(a))
 $(BUILD)/%.cu.o: %.cu $(HDRS) kernels/cuda_common.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $(NVGENCODE) -I. -DUSE_CUDA \

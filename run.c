@@ -493,7 +493,7 @@ static void emit(Gen *g, TokStream *ts, char *buf, size_t cap, int id) {
 /* The next token from the last forward's last row: on the GPU drawn where
  * the logits are (only the id comes back), else from g->logits. */
 static int next_token(Gen *g, int *x, char *err, size_t errlen) {
-    if (g->m->gpu) return model_sample(g->m, g->smp, x, err, errlen);
+    if (model_samples_on_device(g->m)) return model_sample(g->m, g->smp, x, err, errlen);
     *x = sampler_sample(g->smp, g->logits);
     return 0;
 }
@@ -510,7 +510,7 @@ static int prefill(Gen *g, const int *ids, int n, char *err, size_t errlen) {
     int rc = 0, off = 0;
     while (off < n && !rc) {
         int k = n - off < PREFILL_SLICE ? n - off : PREFILL_SLICE;
-        if (model_forward(g->m, g->kv, ids + off, k, g->m->gpu ? NULL : g->logits, 0, g->spec ? g->hidden : NULL,
+        if (model_forward(g->m, g->kv, ids + off, k, model_samples_on_device(g->m) ? NULL : g->logits, 0, g->spec ? g->hidden : NULL,
                           err, errlen) ||
             (g->spec && spec_prefill(g->spec, g->hidden, ids + off, k, err, errlen))) {
             fprintf(stderr, "%serror: %s\n", p.shown ? "\n" : "", err);
@@ -565,7 +565,7 @@ static int generate(Gen *g, const int *ids, int n_ids, int n) {
             break;
         }
         if (!g->spec || P + 2 > g->kv->cap) {
-            if (model_forward(g->m, g->kv, &x, 1, g->m->gpu ? NULL : g->logits, 0, NULL, err, sizeof err) ||
+            if (model_forward(g->m, g->kv, &x, 1, model_samples_on_device(g->m) ? NULL : g->logits, 0, NULL, err, sizeof err) ||
                 next_token(g, &x, err, sizeof err)) {
                 rc = 1;
                 break;

@@ -89,7 +89,8 @@ __device__ __forceinline__ void q8_scales(const uint8_t *tile, int block, float 
         const uint4 u = p[c];
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) sc[8 * c + 2 * i] = f16_f32(w[i] & 0xffff), sc[8 * c + 2 * i + 1] = f16_f32(w[i] >> 16);
+        for (int i = 0; i < 4; i++)
+            sc[8 * c + 2 * i] = f16_f32(w[i] & 0xffff), sc[8 * c + 2 * i + 1] = f16_f32(w[i] >> 16);
     }
 }
 

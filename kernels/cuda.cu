@@ -70,14 +70,14 @@ extern "C" int cuda_open(CudaInfo *info, char *err, size_t errlen) {
         return -1;
     }
     const char *pdl = getenv("RUN_CUDA_PDL");
-    g_pdl = p.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
+    g_pdl = p.major >= 9 && cuda_pdl_compiled() && !(pdl && strcmp(pdl, "0") == 0);
     return 0;
 }
 
 extern "C" int cuda_set_pdl(int on) {
     int major = 0, was = g_pdl;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) major = 0;
-    g_pdl = on && major >= 9;
+    g_pdl = on && major >= 9 && cuda_pdl_compiled();
     return was;
 }
 

@@ -52,8 +52,8 @@ int cuda_memset(void *d, int v, size_t bytes);
 int cuda_sync(const char *where, char *err, size_t errlen);
 /* Programmatic dependent launch between the decode step's kernels
  * (kernels/cuda_common.cuh), on by default where the GPU has it (9.0 and
- * up) unless RUN_CUDA_PDL=0; returns whether it was on. Graphs keep
- * what they were captured with. */
+ * up, running code compiled for 9.0 or later) unless RUN_CUDA_PDL=0;
+ * returns whether it was on. Graphs keep what they were captured with. */
 int cuda_set_pdl(int on);
 /* Free and total device memory now. */
 void cuda_mem(size_t *free_b, size_t *total_b);

@@ -1,13 +1,16 @@
 /* cuda_common.cuh: what the .cu files share: the stream every launcher
- * runs on, the launch-error note, and weight element loads widened to f32
- * exactly as the CPU widens them (bf16: the 16 bits shifted up; f16: the
- * hardware conversion, exact). */
+ * runs on, the launch-error note, programmatic dependent launch, weight
+ * element loads widened to f32 exactly as the CPU widens them (bf16: the 16
+ * bits shifted up; f16: the hardware conversion, exact), a KV stream's
+ * size, and warp and block sums. */
 #ifndef CUDA_COMMON_CUH
 #define CUDA_COMMON_CUH
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include "kernels/cuda.h"
 
 extern cudaStream_t g_stream;
 /* Records the first failed launch with the op's name (kernels/cuda.cu). */
@@ -22,6 +25,10 @@ void cuda_note(const char *op);
  * wait (a matmul's first weights into L2) overlaps the previous kernel's
  * tail and the launch. Without it both are no-ops and launches are plain. */
 extern int g_pdl;
+/* Whether the loaded kernels hold griddepcontrol (compiled for 9.0 or
+ * later: a newer GPU running PTX of 8.0 would launch them as dependents
+ * that never wait); kernels/ops.cu asks its embedding kernel. */
+int cuda_pdl_compiled(void);
 __device__ __forceinline__ void pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -55,8 +62,8 @@ __device__ __forceinline__ float weight_at(const void *W, int dtype, size_t j) {
 /* Bytes of one KV stream of cap positions in format fmt (kernels/cuda.h):
  * q8 in tiles of 16 positions, 17 hd bytes each. */
 __host__ __device__ __forceinline__ size_t kv_stream_bytes(int fmt, int hd, int cap) {
-    if (fmt == 2) return (size_t)(cap + 15) / 16 * 17 * hd;
-    return (size_t)cap * hd * (fmt == 1 ? 2 : 4);
+    if (fmt == CUDA_KV_Q8) return (size_t)(cap + 15) / 16 * 17 * hd;
+    return (size_t)cap * hd * (fmt == CUDA_KV_F16 ? 2 : 4);
 }
 
 /* Sum over a warp, every lane getting it. */

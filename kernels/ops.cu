@@ -27,6 +27,11 @@ __global__ void embed_kernel(float *x, const void *E, int dtype, const int *toke
     for (int j = threadIdx.x; j < H; j += blockDim.x) x[(size_t)blockIdx.x * H + j] = weight_at(E, dtype, row + j);
 }
 
+int cuda_pdl_compiled(void) {
+    cudaFuncAttributes a;
+    return cudaFuncGetAttributes(&a, embed_kernel) == cudaSuccess && a.ptxVersion >= 90;
+}
+
 extern "C" void cuda_embed(float *d_x, const void *d_E, int dtype, const int *d_tokens, int n, int H) {
     pdl_launch(embed_kernel, dim3(n), dim3(256), d_x, d_E, dtype, d_tokens, H);
     cuda_note("embedding lookup");

@@ -604,6 +604,7 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
     const int ld = qd + 2 * nkv * hd, pos = kv->dev_len, tok = 1;
     const float eps = (float)c->eps;
     if (pos >= d->cap) { snprintf(err, errlen, "profiling: the cache is full (%d positions)", d->cap); return -1; }
+    g->last = NULL; /* its lm_head overwrites the logits gpu_sample would read */
     int kind;
     const int splits = splits_for(g, d, 1, pos, &kind);
     if (cuda_upload(g->tokens, &tok, sizeof tok, "token ids", err, errlen) ||
@@ -650,6 +651,7 @@ int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logit
     const int V = g->cfg.vocab_size, H = g->cfg.hidden, pos = kv->dev_len;
     *bad = -1;
     g->last = NULL;
+    float *last_row = NULL; /* g->last once the whole forward has gone through */
     for (int off = 0; off < n; off += GPU_BATCH) {
         const int nb = n - off < GPU_BATCH ? n - off : GPU_BATCH, last = off + nb == n;
         const int lg_rows = !logits ? 0 : all_logits ? nb : last ? 1 : 0;
@@ -664,14 +666,14 @@ int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logit
             if (lg_rows && cuda_download(dst, g->logits + (size_t)(nb - lg_rows) * V, (size_t)lg_rows * V * 4,
                                          "the logits", err, errlen))
                 return -1;
-            g->last = g->logits + (size_t)(nb - 1) * V;
+            last_row = g->logits + (size_t)(nb - 1) * V;
         } else if (lg_rows) {
             if (logits_down(g, nb - lg_rows, lg_rows, dst, err, errlen)) return -1;
-            g->last = g->logits + (size_t)((lg_rows - 1) % GPU_LOGIT_ROWS) * V;
+            last_row = g->logits + (size_t)((lg_rows - 1) % GPU_LOGIT_ROWS) * V;
         } else if (last) {
             /* the last row's logits stay on the device for gpu_sample */
             mm(g->logits, g->xb + (size_t)(nb - 1) * H, &g->lm_head, 1, 0);
-            g->last = g->logits;
+            last_row = g->logits;
         }
         if (hidden && cuda_download(hidden + (size_t)off * H, g->xb, (size_t)nb * H * 4, "the hidden states", err,
                                     errlen))
@@ -683,6 +685,7 @@ int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logit
             return 0;
         }
     }
+    g->last = last_row;
     return 0;
 }
 
@@ -728,30 +731,36 @@ int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *t
     return 0;
 }
 
-int gpu_sample(GpuModel *g, const SampleDraw *sd, int *token, int *kept, char *err, size_t errlen) {
+int gpu_can_sample(const GpuModel *g) { return g->cfg.vocab_size <= CUDA_SAMPLE_MAX_VOCAB; }
+
+int gpu_sample(GpuModel *g, const SampleDraw *sd, int *token, char *err, size_t errlen) {
     const int V = g->cfg.vocab_size;
-    if (!g->last) {
+    float *logits = g->last;
+    if (!logits) {
         snprintf(err, errlen, "sampling on the GPU: no logits there (the last forward made none)");
         return -1;
     }
-    if (V > CUDA_SAMPLE_MAX_VOCAB || sd->n_pen < 0 || sd->n_pen > V) {
-        snprintf(err, errlen, "sampling on the GPU: a vocabulary of %d (at most %d) or %d penalised tokens", V,
-                 CUDA_SAMPLE_MAX_VOCAB, sd->n_pen);
+    if (!gpu_can_sample(g)) {
+        snprintf(err, errlen, "sampling on the GPU: a vocabulary of %d tokens (it takes at most %d)", V,
+                 CUDA_SAMPLE_MAX_VOCAB);
+        return -1;
+    }
+    if (sd->n_pen < 0 || sd->n_pen > V) {
+        snprintf(err, errlen, "sampling on the GPU: %d penalised tokens in a vocabulary of %d", sd->n_pen, V);
         return -1;
     }
     int pick[2];
     if ((sd->n_pen && cuda_upload(g->pen, sd->pen, 2 * (size_t)sd->n_pen * sizeof(int), "the penalised tokens", err,
                                   errlen)))
         return -1;
-    cuda_sample(g->pick, g->last, V, g->prob, g->pen, sd->n_pen, sd->temperature, sd->top_k, sd->top_p, sd->min_p,
+    /* the penalties change the logits in place: a second draw would see them twice */
+    if (sd->n_pen) g->last = NULL;
+    cuda_sample(g->pick, logits, V, g->prob, g->pen, sd->n_pen, sd->temperature, sd->top_k, sd->top_p, sd->min_p,
                 sd->coin, sd->repeat, sd->frequency, sd->presence);
     if (cuda_download(pick, g->pick, sizeof pick, "the sampled token", err, errlen) ||
         cuda_sync("sampling", err, errlen))
         return -1;
-    /* the penalties changed the logits in place: a second draw would see them twice */
-    if (sd->n_pen) g->last = NULL;
     *token = pick[0];
-    if (kept) *kept = pick[1];
     return 0;
 }
 
@@ -798,8 +807,12 @@ int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *t
     return no_cuda(err, errlen);
 }
 
-int gpu_sample(GpuModel *g, const SampleDraw *sd, int *token, int *kept, char *err, size_t errlen) {
-    (void)g, (void)sd, (void)token, (void)kept;
+int gpu_can_sample(const GpuModel *g) {
+    (void)g;
+    return 0;
+}
+int gpu_sample(GpuModel *g, const SampleDraw *sd, int *token, char *err, size_t errlen) {
+    (void)g, (void)sd, (void)token;
     return no_cuda(err, errlen);
 }
 

@@ -69,16 +69,20 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
 
 /* model_forward on the GPU: tokens [n] at positions [len, len + n) of kv;
  * logits [n, V] (all_logits) or [V] of the last token, and hidden [n, H],
- * each only when not NULL. *bad: the first of the n rows whose hidden
+ * each copied back only when not NULL; the last token's logits always stay
+ * on the device for gpu_sample. *bad: the first of the n rows whose hidden
  * state (after the final norm) is not all finite, or -1; the forward
  * stops after the chunk that holds it. */
 int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
                 int *bad, char *err, size_t errlen);
 /* The next token from the last row of the last gpu_forward's logits,
  * which stay on the device (only the id comes back): what sampler_sample
- * would pick with the same SampleDraw (sample/sampler.cu). *kept (when not
- * NULL): how many tokens had a chance. */
-int gpu_sample(GpuModel *g, const SampleDraw *sd, int *token, int *kept, char *err, size_t errlen);
+ * would pick with the same SampleDraw (sample/sampler.cu). Fails where
+ * there are none: after a gpu_mtp_forward that made logits, a profile, a
+ * failed forward, or a draw with penalties (which change them in place). */
+int gpu_sample(GpuModel *g, const SampleDraw *sd, int *token, char *err, size_t errlen);
+/* Whether gpu_sample takes this model's vocabulary (at most 2^18 tokens). */
+int gpu_can_sample(const GpuModel *g);
 /* model_mtp_forward on the GPU: hidden [n, H] rows in, the MTP cache mkv;
  * *bad as above, for the MTP states. */
 int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,

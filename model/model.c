@@ -550,14 +550,18 @@ int model_quantize(Model *m, int part, char *err, size_t errlen) {
 
 int model_to_gpu(Model *m, char *err, size_t errlen) { return gpu_model_open(&m->gpu, m, err, errlen); }
 
+int model_samples_on_device(const Model *m) { return m->gpu && gpu_can_sample(m->gpu); }
+
 int model_sample(Model *m, Sampler *s, int *token, char *err, size_t errlen) {
-    if (!m->gpu) {
-        snprintf(err, errlen, "model_sample: the model runs on the CPU (sample its logits with sampler_sample)");
+    if (!model_samples_on_device(m)) {
+        snprintf(err, errlen, "model_sample: this model's logits are sampled on the CPU (sampler_sample)");
         return -1;
     }
+    /* the coin is drawn here, as sampler_sample would; a draw that then
+     * fails ends the run, so the generator's state no longer matters */
     SampleDraw d;
     sampler_draw(s, &d);
-    return gpu_sample(m->gpu, &d, token, NULL, err, errlen);
+    return gpu_sample(m->gpu, &d, token, err, errlen);
 }
 
 void model_drop_gpu(Model *m) {

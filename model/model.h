@@ -126,10 +126,16 @@ void model_free(Model *m);
  * stored layout). 0 ok, -1 with one line in err (no device, a model or a
  * build it cannot run on, or out of GPU memory). */
 int model_to_gpu(Model *m, char *err, size_t errlen);
+/* Whether model_sample can draw this model's tokens where its logits are
+ * (on the GPU, a vocabulary of at most 2^18); else the caller asks
+ * model_forward for the logits and calls sampler_sample. */
+int model_samples_on_device(const Model *m);
 /* On the GPU: the next token from the last row of the last model_forward's
- * logits, drawn there (sample/sampler.cu), so that only its id crosses the
- * bus; s's generator and penalty window advance as sampler_sample's would.
- * 0 ok; -1 with one line in err (not on the GPU, or no logits there). */
+ * logits (computed and kept there even when the call asked for none),
+ * drawn there (sample/sampler.cu), so that only its id crosses the bus;
+ * s's generator and penalty window advance as sampler_sample's would.
+ * 0 ok; -1 with one line in err (not on the GPU, or no logits there: an
+ * MTP forward with logits came in between). */
 int model_sample(Model *m, Sampler *s, int *token, char *err, size_t errlen);
 /* Takes the forward back to the CPU (frees what model_to_gpu made; caches
  * opened on the GPU must be freed first). */

@@ -3,9 +3,10 @@
  * logits of its last row.
  *
  * Data flow: model/gpu.c's forward leaves the last row's logits [V] in
- * device memory; model_sample hands a SampleDraw (sampler_draw: the
+ * device memory; model_sample makes a SampleDraw (sampler_draw: the
  * filters, the coin from the host's generator, the penalty window's
- * distinct tokens) to cuda_sample, which writes the chosen id there.
+ * distinct tokens) and gpu_sample hands it to cuda_sample, which writes
+ * the chosen id there.
  *
  * One block of 1024 threads walks the logits (L2-resident) a few times:
  *
@@ -262,7 +263,8 @@ __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(int *out, float *__
     __syncthreads();
     best = 0, at = -1;
     for (int k = 0; k < 32; k++)
-        if (sh.i[k] >= 0 && (at < 0 || sh.f[k] > best || (sh.f[k] == best && sh.i[k] < at))) best = sh.f[k], at = sh.i[k];
+        if (sh.i[k] >= 0 && (at < 0 || sh.f[k] > best || (sh.f[k] == best && sh.i[k] < at)))
+            best = sh.f[k], at = sh.i[k];
     if (temperature <= 0) {
         if (tid == 0) out[0] = at < 0 ? 0 : at, out[1] = 1;
         return;
@@ -301,7 +303,8 @@ __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(int *out, float *__
         /* min-p against the most probable token, which is always kept */
         const float pmax = (float)(1.0 / sum);
         const uint64_t top = smp_key(pmax, at < 0 ? 0 : at);
-        const uint64_t Tm = min_p > 0 ? (uint64_t)(__float_as_uint(__fmul_rn(min_p, pmax)) & 0x3fffffffu) << SMP_ID_BITS : 0;
+        const uint32_t floor_bits = __float_as_uint(__fmul_rn(min_p, pmax)) & 0x3fffffffu;
+        const uint64_t Tm = min_p > 0 ? (uint64_t)floor_bits << SMP_ID_BITS : 0;
         T = Tk > Tp ? Tk : Tp;
         T = T > Tm ? T : Tm;
         T = T < top ? T : top;

@@ -275,13 +275,16 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
             for (int h = 0; h < nkv; h++)
                 for (int role = 0; role < 2; role++) {
                     KVStream cs8, gs8;
-                    cr_assert_eq(kv_stream_init(&cs8, spec.k, &spec.ko, hd, cap, 0, role, err, sizeof err), 0, "%s", err);
+                    cr_assert_eq(kv_stream_init(&cs8, spec.k, &spec.ko, hd, cap, 0, role, err, sizeof err), 0, "%s",
+                                 err);
                     gs8 = cs8;
                     gs8.data = (uint8_t *)(role ? vc : kc) + h * sb;
                     for (int t = 0; t < pos + n; t++) {
                         float x[hd], a[hd], b[hd];
                         for (int j = 0; j < hd; j++)
-                            x[j] = t < pos ? 0 : role ? qkv[(t - pos) * ld + (nh + nkv + h) * hd + j] : gk[t - pos][h][j];
+                            x[j] = t < pos ? 0
+                                   : role  ? qkv[(t - pos) * ld + (nh + nkv + h) * hd + j]
+                                           : gk[t - pos][h][j];
                         kv_stream_append(&cs8, x);
                         if (t < pos) continue;
                         spec.k->dequant(&cs8, t, a), spec.k->dequant(&gs8, t, b);
@@ -433,6 +436,7 @@ Test(cuda, sampling_matches_sampler_sample) {
         {0, 1, 0, 0, 0},   {0, 1, 0, 0, 1},       {0.7f, 1, 0, 0, 0},     {1, 1, 0, 40, 0},
         {1, 0.9f, 0, 0, 0}, {1, 1, 0.05f, 0, 0},  {1.3f, 0.95f, 0.02f, 50, 0}, {0.8f, 0.9f, 0, 40, 1},
         {1, 1e-9f, 0, 0, 0}, {1, 1, 0, 1, 0},     {2, 1, 0, 200000, 0},   {0.5f, 0.5f, 0.5f, 3, 1},
+        {1, 0.9f, 0.02f, 5000, 0}, /* a top-k past the sort's 1024, then top-p's mass descent */
     };
     const int V = 151936, trials = 60;
     float *lg = malloc((size_t)V * sizeof(float));
@@ -462,7 +466,8 @@ Test(cuda, sampling_matches_sampler_sample) {
             cr_assert(d.n_pen <= 64);
             char err[256];
             cr_assert_eq(cuda_upload(dl, lg, (size_t)V * 4, "logits", err, sizeof err), 0, "%s", err);
-            if (d.n_pen) cr_assert_eq(cuda_upload(dpen, d.pen, 2 * (size_t)d.n_pen * sizeof(int), "pen", err, sizeof err), 0);
+            if (d.n_pen)
+                cr_assert_eq(cuda_upload(dpen, d.pen, 2 * (size_t)d.n_pen * sizeof(int), "pen", err, sizeof err), 0);
             cuda_sample(dout, dl, V, dprob, dpen, d.n_pen, d.temperature, d.top_k, d.top_p, d.min_p, d.coin, d.repeat,
                         d.frequency, d.presence);
             int got[2];
@@ -679,8 +684,8 @@ Test(cuda, greedy_tokens_match_the_cpu_and_speculation, .timeout = 120) {
     /* the same seed draws the same text: the coin falls near a boundary
      * between two tokens' shares (1e-5 wide, to rounding) rarely */
     cr_expect_str_eq(gpu_t, cpu_t, "GPU sampled text (seed 7) differs from the CPU's");
-    free(cpu), free(gpu), free(spec), free(plain), free(nopdl), free(f16), free(f16spec), free(q8), free(q8spec), free(cpu_t),
-        free(gpu_t);
+    free(cpu), free(gpu), free(spec), free(plain), free(nopdl), free(f16), free(f16spec), free(q8), free(q8spec);
+    free(cpu_t), free(gpu_t);
 }
 
 #endif

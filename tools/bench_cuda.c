@@ -191,13 +191,14 @@ static void bench_shape(const char *name, int steps, double bw) {
                                            {0.8f, 1, 0, 0.5f, 0, 1, 0, 0, 0, NULL},
                                            {0.8f, 0.95f, 0.05f, 0.5f, 40, 1, 0, 0, 0, NULL},
                                            {0.8f, 0.95f, 0, 0.5f, 0, 1, 0, 0, 0, NULL}};
-        static const char *const names[] = {"greedy", "temperature 0.8", "temperature 0.8, top-k 40, top-p 0.95, min-p 0.05",
+        static const char *const names[] = {"greedy", "temperature 0.8",
+                                            "temperature 0.8, top-k 40, top-p 0.95, min-p 0.05",
                                             "temperature 0.8, top-p 0.95 (no top-k)"};
         printf("| sampling on the GPU | us (with the id's copy back) |\n|---|---|\n");
         for (int i = 0; i < 4; i++) {
             cuda_timer_start();
             for (int r = 0; r < 100; r++)
-                if (gpu_sample(g, &draws[i], &pick, NULL, err, sizeof err)) die("sampling", err);
+                if (gpu_sample(g, &draws[i], &pick, err, sizeof err)) die("sampling", err);
             printf("| %s | %.1f |\n", names[i], cuda_timer_stop() / 100 * 1e6);
         }
     }
