@@ -508,10 +508,11 @@ static int prefill(Gen *g, const int *ids, int n, char *err, size_t errlen) {
     progress_start(&p, "prompt", n);
     double t0 = now();
     int rc = 0, off = 0;
+    /* logits come back only for the CPU's sampler */
+    float *lg = model_samples_on_device(g->m) ? NULL : g->logits;
     while (off < n && !rc) {
         int k = n - off < PREFILL_SLICE ? n - off : PREFILL_SLICE;
-        if (model_forward(g->m, g->kv, ids + off, k, model_samples_on_device(g->m) ? NULL : g->logits, 0, g->spec ? g->hidden : NULL,
-                          err, errlen) ||
+        if (model_forward(g->m, g->kv, ids + off, k, lg, 0, g->spec ? g->hidden : NULL, err, errlen) ||
             (g->spec && spec_prefill(g->spec, g->hidden, ids + off, k, err, errlen))) {
             fprintf(stderr, "%serror: %s\n", p.shown ? "\n" : "", err);
             rc = 1;
@@ -565,8 +566,8 @@ static int generate(Gen *g, const int *ids, int n_ids, int n) {
             break;
         }
         if (!g->spec || P + 2 > g->kv->cap) {
-            if (model_forward(g->m, g->kv, &x, 1, model_samples_on_device(g->m) ? NULL : g->logits, 0, NULL, err, sizeof err) ||
-                next_token(g, &x, err, sizeof err)) {
+            float *lg = model_samples_on_device(g->m) ? NULL : g->logits;
+            if (model_forward(g->m, g->kv, &x, 1, lg, 0, NULL, err, sizeof err) || next_token(g, &x, err, sizeof err)) {
                 rc = 1;
                 break;
             }
