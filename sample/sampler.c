@@ -66,21 +66,34 @@ void sampler_accept(Sampler *s, int id) {
     s->hist[s->n_seen++ % s->last_n] = id;
 }
 
-/* logits with the penalties applied (s->pen_logits), or logits itself when off.
- * llama.cpp's order: repeat first, then frequency and presence. */
-static const float *penalize(Sampler *s, const float *logits) {
-    if (!s->last_n || !s->n_seen) return logits;
+/* The window's distinct tokens in the order they were seen into pen [n],
+ * their counts into pen [last_n ..]: n. count is left all zero. */
+static int window_tokens(Sampler *s) {
     const int w = s->n_seen < s->last_n ? (int)s->n_seen : s->last_n;
-    memcpy(s->pen_logits, logits, (size_t)s->vocab * sizeof(float));
+    int n = 0;
     for (int i = 0; i < w; i++)
         if (s->hist[i] >= 0 && s->hist[i] < s->vocab) s->count[s->hist[i]]++;
     for (int i = 0; i < w; i++) {
         const int t = s->hist[i];
         if (t < 0 || t >= s->vocab || !s->count[t]) continue;
+        s->pen[n] = t;
+        s->pen[s->last_n + n++] = s->count[t];
+        s->count[t] = 0; /* each token once */
+    }
+    return n;
+}
+
+/* logits with the penalties applied (s->pen_logits), or logits itself when off.
+ * llama.cpp's order: repeat first, then frequency and presence. */
+static const float *penalize(Sampler *s, const float *logits) {
+    if (!s->last_n || !s->n_seen) return logits;
+    memcpy(s->pen_logits, logits, (size_t)s->vocab * sizeof(float));
+    const int n = window_tokens(s);
+    for (int j = 0; j < n; j++) {
+        const int t = s->pen[j];
         float l = s->pen_logits[t];
         l = l > 0 ? l / s->repeat : l * s->repeat;
-        s->pen_logits[t] = l - (float)s->count[t] * s->frequency - s->presence;
-        s->count[t] = 0; /* each token once; also leaves count zeroed */
+        s->pen_logits[t] = l - (float)s->pen[s->last_n + j] * s->frequency - s->presence;
     }
     return s->pen_logits;
 }
@@ -90,18 +103,8 @@ void sampler_draw(Sampler *s, SampleDraw *d) {
     d->repeat = s->repeat, d->frequency = s->frequency, d->presence = s->presence;
     d->n_pen = 0, d->pen = s->pen;
     if (s->last_n && s->n_seen) {
-        /* the window's distinct tokens in the order penalize meets them */
-        const int w = s->n_seen < s->last_n ? (int)s->n_seen : s->last_n;
-        for (int i = 0; i < w; i++)
-            if (s->hist[i] >= 0 && s->hist[i] < s->vocab) s->count[s->hist[i]]++;
-        for (int i = 0; i < w; i++) {
-            const int t = s->hist[i];
-            if (t < 0 || t >= s->vocab || !s->count[t]) continue;
-            s->pen[d->n_pen] = t;
-            s->pen[s->last_n + d->n_pen++] = s->count[t];
-            s->count[t] = 0;
-        }
-        /* counts after the tokens: [2 n_pen] as SampleDraw says */
+        d->n_pen = window_tokens(s);
+        /* counts right after the tokens: [2 n_pen] as SampleDraw says */
         memmove(s->pen + d->n_pen, s->pen + s->last_n, (size_t)d->n_pen * sizeof(int));
     }
     d->coin = s->temperature > 0 ? sampler_uniform(s) : 0;

@@ -32,7 +32,7 @@ typedef struct {
     int *idx;
     float *pen_logits; /* the penalised logits */
     int *count;        /* occurrences in the window, zero between calls */
-    int *pen;          /* [2 last_n]: a window's distinct tokens, then their counts (sampler_draw) */
+    int *pen;          /* [2 last_n]: a window's distinct tokens, then their counts */
 } Sampler;
 
 /* One draw's worth of a Sampler for a device that samples where the logits
