@@ -23,6 +23,17 @@ LIB_SRC  := $(sort $(wildcard format/*.c kernels/*.c kv/*.c attn/*.c model/*.c t
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 HDRS     := $(wildcard */*.h)
 
+# The server (./run -m serve, serve/; docs/serve.md), built in whenever
+# libmicrohttpd is found (Debian: libmicrohttpd-dev); SERVE=0 builds without it.
+SERVE      ?= $(shell (pkg-config --exists libmicrohttpd || test -f /usr/include/microhttpd.h) 2>/dev/null \
+	&& echo 1 || echo 0)
+SERVE_LIBS := $(if $(filter 1,$(SERVE)),-lmicrohttpd -lpthread)
+ifeq ($(SERVE),1)
+LIB_SRC  += $(sort $(wildcard serve/*.c))
+CFLAGS   += -DUSE_SERVE
+LDLIBS   += $(SERVE_LIBS)
+endif
+
 BUILD   ?= build
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 
@@ -101,7 +112,7 @@ test: $(BUILD)/run $(BUILD)/test_all $(BUILD)/make_model $(BUILD)/bench $(BUILD)
 test-asan:
 	$(MAKE) test BUILD=build-asan CUDA=0 \
 		OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
-		LDLIBS="-lm -fopenmp -fsanitize=address,undefined"
+		LDLIBS="-lm -fopenmp -fsanitize=address,undefined $(SERVE_LIBS)"
 
 # The same test sources without Criterion: tests/runner/ is a small runner
 # for the part of Criterion's API they use (a process per test, timeouts),
@@ -153,7 +164,7 @@ AARCH64_EMU      = timeout -s KILL $(AARCH64_TIMEOUT) env QEMU_LD_PREFIX=$(AARCH
 # The tests without loop vectorization: Debian 12's aarch64 gcc 12.2 stops
 # with an internal compiler error (vect_transform_reduction) on their fmax
 # reductions of differences (tests/test_kernels.c, test_deltanet.c).
-AARCH64_MAKE     = $(MAKE) BUILD=$(AARCH64_BUILD) CUDA=0 CC=$(AARCH64_CC) PLAIN_TESTS="$(AARCH64_TESTS)" \
+AARCH64_MAKE     = $(MAKE) BUILD=$(AARCH64_BUILD) CUDA=0 SERVE=0 CC=$(AARCH64_CC) PLAIN_TESTS="$(AARCH64_TESTS)" \
 	PLAIN_CFLAGS=-fno-tree-loop-vectorize
 
 aarch64:
@@ -239,7 +250,8 @@ FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS  := -O1 -g -fno-omit-frame-pointer -std=c11 -Wall -Wextra -I. -D_GNU_SOURCE \
 	-fsanitize=address,undefined -fno-sanitize-recover=undefined
-FUZZ_LIB_SRC := $(sort $(wildcard format/*.c)) model/config.c tokenizer/tokenizer.c tokenizer/unicode.c
+FUZZ_LIB_SRC := $(sort $(wildcard format/*.c)) model/config.c tokenizer/tokenizer.c tokenizer/unicode.c \
+	tokenizer/chat.c serve/request.c
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
 FUZZ_BIN     := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(sort $(wildcard tests/fuzz/fuzz_*.c)))
 

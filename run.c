@@ -36,6 +36,9 @@
 #include "speculative/speculative.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
+#ifdef USE_SERVE
+#include "serve/serve.h"
+#endif
 
 /* Texts (-f, a chat message) longer than this are refused: 64 MiB is over
  * 10 M tokens, past any context. */
@@ -54,7 +57,7 @@
 /* ------------------------------------------------------------- options */
 
 typedef struct {
-    const char *model, *prompt, *prompt_file, *mode, *system, *kv, *ctk, *ctv, *out, *dev;
+    const char *model, *prompt, *prompt_file, *mode, *system, *kv, *ctk, *ctv, *out, *dev, *host;
     int n, top_k, ctx, threads, think, spec; /* n: -1 = no limit; spec: -1 = default */
     int wq_q8, draft_q8;  /* -wq, -wq-draft: 1 = q8 */
     int act_bf16;         /* -act: 1 = bf16 */
@@ -62,6 +65,7 @@ typedef struct {
     float temp, top_p, min_p;
     float repeat, frequency, presence; /* penalties over the last repeat_n tokens */
     int repeat_n;
+    int port, parallel, queue, kv_mb; /* serve */
     unsigned long long seed;
     /* which options were given (the rest fall back to generation_config.json or defaults) */
     int set_temp, set_top_p, set_top_k, set_min_p, set_seed, set_n, set_kv;
@@ -110,10 +114,19 @@ static const Option options[] = {
     {{"-act"}, OPT_CHOICE, AT(act_bf16), 0, 0, 0, "f32 or bf16"},
     {{"-dev", "--device"}, OPT_STR, AT(dev), 0, 0, 0, "cpu, cuda or auto"},
     {{"--show-pieces"}, OPT_BOOL, AT(show_pieces), 0, 0, 0, NULL},
+    {{"--host"}, OPT_STR, AT(host), 0, 0, 0, "an address"},
+    {{"--port"}, OPT_INT, AT(port), 0, 0, 65535, "a port in 0..65535"},
+    {{"-np", "--parallel"}, OPT_INT, AT(parallel), 0, 1, 256, "a sequence count in 1..256"},
+    {{"--queue"}, OPT_INT, AT(queue), 0, 0, 1 << 20, "a request count >= 0"},
+    {{"--kv-mb"}, OPT_INT, AT(kv_mb), 0, 1, 1 << 30, "megabytes >= 1"},
 };
 
 static const char *const modes[] = {"generate", "chat", "tokenize", "detokenize", "logits", "ppl",
-                                    "compare",  "kvstats", "pack"};
+                                    "compare",  "kvstats", "pack",
+#ifdef USE_SERVE
+                                    "serve"
+#endif
+};
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -123,7 +136,11 @@ static void usage(FILE *f) {
             "                   pack); anywhere among the options, or as --model MODEL; default:\n"
             "                   " DEFAULT_MODEL " beside ./run\n"
             "  -m MODE          generate (default) | chat | tokenize | detokenize | logits | ppl | compare |\n"
-            "                   kvstats | pack                                             (--mode)\n"
+            "                   kvstats | pack"
+#ifdef USE_SERVE
+            " | serve"
+#endif
+            "                                             (--mode)\n"
             "  -i TEXT          prompt; chat: the first message; detokenize: token ids     (--prompt)\n"
             "  -f FILE          the same from a file (a pipe or /dev/stdin works)          (--file)\n"
             "  -n N             tokens to generate, -1 = until the end of text (default 256; chat: per\n"
@@ -160,6 +177,18 @@ static void usage(FILE *f) {
             "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the\n"
             "                   single file                                                (--output)\n"
             "  --show-pieces    tokenize: one token per line, id and text\n"
+#ifdef USE_SERVE
+            "  serve: an OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions;\n"
+            "  GET /v1/models, /health, /metrics; docs/serve.md), every request's sequence in one batched\n"
+            "  forward per step, on the CPU; -c is each sequence's context, -n its max_tokens when a\n"
+            "  request gives none, -kv its scheme when a request's \"kv\" names none\n"
+            "  --host ADDR      address to listen on (default 127.0.0.1)\n"
+            "  --port N         port (default 8080; 0: any free one, named on stderr)\n"
+            "  -np N            sequences computed at once (default 4)                     (--parallel)\n"
+            "  --queue N        requests waiting for a sequence at most, past it 503 (default 64)\n"
+            "  --kv-mb N        megabytes all sequences' caches may take (default: -np caches of -c\n"
+            "                   positions in the -kv scheme)\n"
+#endif
             "  -h, --help       this help;  --version  the version, the kernels this CPU runs and the\n"
             "                   CUDA architectures compiled in\n"
             "KV schemes (bits per value at head_dim 128):\n");
@@ -235,9 +264,25 @@ static const Option *find_option(const char *name) {
 static int check_args(Args *a) {
     int ok = 0;
     for (size_t k = 0; k < sizeof modes / sizeof *modes; k++) ok |= strcmp(a->mode, modes[k]) == 0;
+#ifdef USE_SERVE
+    if (!ok)
+        return usage_error("-m: expected generate, chat, tokenize, detokenize, logits, ppl, compare, kvstats, pack "
+                           "or serve, found '%s'", a->mode);
+#else
+    if (!ok && !strcmp(a->mode, "serve"))
+        return usage_error("-m serve: this ./run was built without libmicrohttpd (apt-get install "
+                           "libmicrohttpd-dev, then make)");
     if (!ok)
         return usage_error("-m: expected generate, chat, tokenize, detokenize, logits, ppl, compare, kvstats or "
                            "pack, found '%s'", a->mode);
+#endif
+    const int serve = !strcmp(a->mode, "serve");
+    if (serve && (a->prompt || a->prompt_file))
+        return usage_error("-m serve takes its prompts from requests: not -i or -f");
+    if (serve && a->spec > 0)
+        return usage_error("-m serve: -spec %d: the server does not draft (yet); drop -spec", a->spec);
+    if (!serve && (a->host || a->port >= 0 || a->parallel || a->queue >= 0 || a->kv_mb))
+        return usage_error("--host, --port, -np, --queue and --kv-mb are for -m serve");
     const int compare = !strcmp(a->mode, "compare");
     if (a->prompt && a->prompt_file) return usage_error("give the text with -i or -f, not both");
     int scores = compare || !strcmp(a->mode, "logits") || !strcmp(a->mode, "ppl") || !strcmp(a->mode, "kvstats") ||
@@ -267,6 +312,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     a->draft_q8 = 1;
     a->repeat = 1;
     a->repeat_n = 64;
+    a->port = a->queue = -1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); return 1; }
@@ -833,13 +879,20 @@ static int run_compare(Run *r) {
 
 /* The sampler from the options, else generation_config.json, else
  * llama.cpp's defaults; prints what it chose. */
-static int sampler_open(Run *r, Sampler *smp) {
+static void sampling_defaults(const Run *r, float *temp, int *top_k, float *top_p, float *min_p) {
     const Args *a = &r->a;
     const GenDefaults *gd = &r->gd;
-    float temp = a->set_temp ? a->temp : gd->present ? (gd->do_sample ? (float)gd->temperature : 0) : 0.8f;
-    float top_p = a->set_top_p ? a->top_p : gd->present ? (float)gd->top_p : 0.95f;
-    int top_k = a->set_top_k ? a->top_k : gd->present ? gd->top_k : 40;
-    float min_p = a->set_min_p ? a->min_p : gd->present ? (float)gd->min_p : 0.05f;
+    *temp = a->set_temp ? a->temp : gd->present ? (gd->do_sample ? (float)gd->temperature : 0) : 0.8f;
+    *top_p = a->set_top_p ? a->top_p : gd->present ? (float)gd->top_p : 0.95f;
+    *top_k = a->set_top_k ? a->top_k : gd->present ? gd->top_k : 40;
+    *min_p = a->set_min_p ? a->min_p : gd->present ? (float)gd->min_p : 0.05f;
+}
+
+static int sampler_open(Run *r, Sampler *smp) {
+    const Args *a = &r->a;
+    float temp, top_p, min_p;
+    int top_k;
+    sampling_defaults(r, &temp, &top_k, &top_p, &min_p);
     unsigned long long seed = a->seed;
     if (!a->set_seed) {
         /* nanoseconds and the process id: two runs in one second differ */
@@ -861,6 +914,40 @@ static int sampler_open(Run *r, Sampler *smp) {
     }
     return 0;
 }
+
+#ifdef USE_SERVE
+/* -m serve: the server's defaults from the options, then serve/ until
+ * Ctrl-C or SIGTERM. */
+static int run_serve(Run *r) {
+    const Args *a = &r->a;
+    char err[1024], name[256], kvname[128];
+    /* the model's name: its folder's or file's, without the path */
+    snprintf(name, sizeof name, "%s", r->src.path);
+    size_t nl = strlen(name);
+    while (nl > 1 && name[nl - 1] == '/') name[--nl] = 0;
+    const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+    kv_spec_name(&r->spec, kvname, sizeof kvname);
+    ServeOpts o = {.host = a->host ? a->host : "127.0.0.1", .port = a->port >= 0 ? a->port : 8080,
+                   .parallel = a->parallel ? a->parallel : 4, .queue = a->queue >= 0 ? a->queue : 64, .ctx = r->ctx,
+                   .n_predict = a->n, .spec = r->spec, .spec_name = kvname, .think = a->think, .model_name = base,
+                   .repeat = a->repeat, .last_n = a->repeat_n, .frequency = a->frequency, .presence = a->presence,
+                   .has_seed = a->set_seed, .seed = a->seed, .stop = &g_interrupted};
+    sampling_defaults(r, &o.temperature, &o.top_k, &o.top_p, &o.min_p);
+    o.budget = a->kv_mb ? a->kv_mb * 1e6 : o.parallel * model_cache_bytes(&r->m, &r->spec, r->ctx);
+    catch_sigint();
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigaction(SIGTERM, &sa, NULL);
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &sa, NULL);
+    if (serve_run(&o, &r->m, &r->tok, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+#endif
 
 /* The MTP drafter, when the model has one and -spec asks for it. */
 static int spec_open(Run *r, Gen *g, KVCache *mkv, Spec *sp) {
@@ -1102,7 +1189,7 @@ static int read_text(Run *r) {
         char err[1024];
         r->text = file_read_any(r->a.prompt_file, MAX_TEXT_BYTES, &r->text_len, err, sizeof err);
         if (!r->text) { fprintf(stderr, "error: -f %s\n", err); return 1; }
-    } else if (r->a.prompt || strcmp(r->a.mode, "chat") != 0) {
+    } else if (r->a.prompt || (strcmp(r->a.mode, "chat") != 0 && strcmp(r->a.mode, "serve") != 0)) {
         const char *p = r->a.prompt ? r->a.prompt : DEFAULT_PROMPT;
         r->text = strdup(p);
         r->text_len = strlen(p);
@@ -1175,8 +1262,8 @@ static int parse_schemes(Run *r, char *err, size_t errlen) {
  * CPU then). What the model's config rules out is gpu_supports'. */
 static int gpu_refuses_options(const Run *r, char *err, size_t errlen) {
     const Args *a = &r->a;
-    if (!strcmp(a->mode, "kvstats"))
-        snprintf(err, errlen, "-dev cuda: -m kvstats runs on the CPU only (so far; use -dev cpu)");
+    if (!strcmp(a->mode, "kvstats") || !strcmp(a->mode, "serve"))
+        snprintf(err, errlen, "-dev cuda: -m %s runs on the CPU only (so far; use -dev cpu)", a->mode);
     else if (a->wq_q8) snprintf(err, errlen, "-dev cuda: -wq q8 has no CUDA kernel yet (use -wq stored or -dev cpu)");
     else if (a->act_bf16) snprintf(err, errlen, "-dev cuda: -act bf16 is the CPU's AVX-512 BF16 mode (use -act f32 or "
                                    "-dev cpu)");
@@ -1273,7 +1360,7 @@ static int choose_context(Run *r) {
         fprintf(stderr, "error: prompt of %d tokens does not fit the context of %d (raise -c)\n", r->ids.n, ctx);
         return 1;
     }
-    if (r->ids.n == 0 && strcmp(mode, "chat") != 0) {
+    if (r->ids.n == 0 && strcmp(mode, "chat") != 0 && strcmp(mode, "serve") != 0) {
         fprintf(stderr, "error: the prompt is empty: nothing to %s\n", mode);
         return 1;
     }
@@ -1289,13 +1376,7 @@ static int choose_context(Run *r) {
  * about memory, not an allocation failure. */
 static int open_cache(Run *r, KVCache *kv) {
     char err[1024];
-    const Config *c = &r->m.cfg;
-    /* the full-attention layers' K and V grow with the context; a hybrid
-     * model's recurrent state does not */
-    const double per_pos = (double)(c->n_layers - c->n_gdn) * c->n_kv_heads *
-                           (r->spec.k->bits(c->head_dim, &r->spec.ko) + r->spec.v->bits(c->head_dim, &r->spec.vo)) *
-                           c->head_dim / 8;
-    const double need = per_pos * r->ctx + (double)r->m.state_floats * sizeof(float);
+    const double need = model_cache_bytes(&r->m, &r->spec, r->ctx);
     const double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     if (have > 0 && need > have && !r->m.gpu) {
         char hn[32], hh[32];
@@ -1334,11 +1415,14 @@ static void print_model_line(const Run *r) {
 static int run_model_mode(Run *r) {
     const char *mode = r->a.mode;
     KVCache kv = {0};
-    const int cache = strcmp(mode, "compare") && strcmp(mode, "kvstats");
+    const int cache = strcmp(mode, "compare") && strcmp(mode, "kvstats") && strcmp(mode, "serve");
     if (open_model(r) || choose_context(r) || (cache && open_cache(r, &kv))) return 1;
     print_model_line(r);
     int rc = 0;
     if (!strcmp(mode, "compare")) rc = run_compare(r);
+#ifdef USE_SERVE
+    else if (!strcmp(mode, "serve")) rc = run_serve(r);
+#endif
     else if (!strcmp(mode, "kvstats")) {
         char err[1024];
         if (kvstats_run(&r->m, &r->spec, r->ids.v, r->ids.n, stdout, err, sizeof err)) {

@@ -995,6 +995,14 @@ static size_t xb_floats(int n, int cols) { return (size_t)((n + PANEL_T - 1) / P
 /* The same for xh_buf (bf16_rows), in 32-bit words. */
 static size_t xh_floats(int n, int cols) { return (size_t)((n + PANEL_T - 1) / PANEL_T) * xh_tile_words(cols); }
 
+void matmul_thread_free(void) {
+    Buf64 *all[] = {&split_buf, &pack_buf, &q8i_buf, &xb_buf, &xh_buf};
+    for (int i = 0; i < 5; i++) {
+        free(all[i]->buf);
+        *all[i] = (Buf64){NULL, 0};
+    }
+}
+
 int matmul_reserve(int n, int cols) {
     if (!buf_get(&split_buf, (size_t)n * cols)) return -1;
     if (!buf_get(&q8i_buf, q8i_floats(n, cols))) return -1;
@@ -1248,6 +1256,8 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
 
 #else
 /* Other CPUs: the plain C reference, one matrix after the other. */
+void matmul_thread_free(void) {}
+
 int matmul_reserve(int n, int cols) {
     (void)n, (void)cols;
     return 0;

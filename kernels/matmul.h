@@ -104,6 +104,9 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
  * calls never allocate: without them the AVX-512 path would fall back to
  * AVX2, whose results differ in rounding. 0 ok, -1 out of memory. */
 int matmul_reserve(int n, int cols);
+/* Frees the calling thread's working buffers: a thread that ran matmuls
+ * and is about to exit (a server's engine) calls it, or they leak. */
+void matmul_thread_free(void);
 /* Reads row r of w into out[cols] as f32 (embedding lookup). */
 void weight_row(const Weight *w, int r, float *out);
 

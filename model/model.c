@@ -3,7 +3,10 @@
  * Data flow: run.c -> model -> attn -> kv -> kernels. run.c (and speculative/,
  * eval/) call model_forward; tensors come from format/safetensors.c through
  * model/source.c, the matmuls and row ops from kernels/, attention from
- * attn/ over the kv/ cache. One decoder layer (layer_forward), n tokens:
+ * attn/ over the kv/ cache; model_forward_batch (a server's continuous
+ * batching) runs several sequences' rows through the same forward, each a
+ * segment (Seg) over its own cache. One decoder layer (layer_forward), n
+ * tokens:
  *
  *   x [n, H] -> RMSNorm -> q [n, nH*hd], k, v [n, nKV*hd] -> per-head RMSNorm,
  *   RoPE -> attention -> o_proj -> + x -> RMSNorm -> gate, up [n, I] ->
@@ -294,6 +297,7 @@ static int scratch_init(Model *m, char *err, size_t errlen) {
     wide = I > wide ? I : wide;
     wide = vd > wide ? vd : wide;
     if (m->has_mtp) wide = 2 * H > wide ? 2 * H : wide;
+    s->wide = (int)wide;
     if (bad || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->rope_cs ||
         !s->rope_sn || !s->attn_scratch || matmul_reserve((int)cap, (int)wide)) {
         snprintf(err, errlen, "out of memory for activations");
@@ -589,6 +593,14 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
+double model_cache_bytes(const Model *m, const KVSpec *spec, int ctx) {
+    const Config *c = &m->cfg;
+    const double per_pos = (double)(c->n_layers - c->n_gdn) * c->n_kv_heads *
+                           (spec->k->bits(c->head_dim, &spec->ko) + spec->v->bits(c->head_dim, &spec->vo)) *
+                           c->head_dim / 8;
+    return per_pos * ctx + (double)m->state_floats * sizeof(float);
+}
+
 int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen) {
     const Config *c = &m->cfg;
     if (m->gpu) return gpu_kv_init(m->gpu, kv, spec, ctx, mtp, err, errlen);
@@ -607,15 +619,37 @@ int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int 
 
 /* ---- forward ---- */
 
-/* cos/sin tables for positions pos..pos+n-1; angles in double so that long
- * contexts do not lose the phase. */
-static void rope_tables(Model *m, int pos, int n) {
-    int half = m->cfg.rot_dim / 2;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < half; j++) {
-            double a = (double)(pos + i) * m->inv_freq[j];
-            m->s.rope_cs[i * half + j] = (float)cos(a) * m->rope_mscale;
-            m->s.rope_sn[i * half + j] = (float)sin(a) * m->rope_mscale;
+/* One sequence's part of a forward: its tokens are rows [row, row + n) of
+ * the scratch, at positions pos.. of its cache kv. The segments of a
+ * forward lie in order, back to back from row 0. Row-wise work (matmuls,
+ * norms, the MLP) runs on all their rows at once; what carries a
+ * sequence's history (attention over its cache, the Gated DeltaNet conv
+ * and recurrence over its state) runs per segment. */
+typedef struct {
+    KVCache *kv;
+    const int *tokens;  /* [n] */
+    int row, n, pos;
+    int last_logits;    /* 1: the logits of its last row are wanted */
+    /* the current Gated DeltaNet layer's part of kv->state (S then the conv
+     * window) and of the journal, set per layer by forward_chunk; else NULL */
+    float *state, *jr;
+} Seg;
+
+/* The rows segs [nseg] cover together. */
+static int seg_rows(const Seg *segs, int nseg) { return segs[nseg - 1].row + segs[nseg - 1].n; }
+
+/* cos/sin tables [rows, rot_dim/2], each row at its own sequence's
+ * position; angles in double so that long contexts do not lose the phase. */
+static void rope_tables(Model *m, const Seg *segs, int nseg) {
+    const int half = m->cfg.rot_dim / 2;
+    for (int g = 0; g < nseg; g++)
+        for (int i = 0; i < segs[g].n; i++) {
+            const size_t r = (size_t)(segs[g].row + i) * half;
+            for (int j = 0; j < half; j++) {
+                double a = (double)(segs[g].pos + i) * m->inv_freq[j];
+                m->s.rope_cs[r + j] = (float)cos(a) * m->rope_mscale;
+                m->s.rope_sn[r + j] = (float)sin(a) * m->rope_mscale;
+            }
         }
 }
 
@@ -627,14 +661,16 @@ static void rope_tables(Model *m, int pos, int n) {
 #define CONV_CH 64
 #define CONV_MAX_K 64
 
-/* Attention on the normed xb [n, H]; its output [n, H] replaces xb. K and V
- * go to layer cl of kv. Gated (Qwen3.5): q_proj gives each head [query |
- * gate], and the head's output is multiplied by sigmoid(gate) before
- * o_proj. RoPE turns the first rot_dim dims of each head (all of them in
- * Qwen3, a quarter in Qwen3.5). */
-static void attn_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
+/* Attention on the normed xb [n, H] (n: the rows of all segments); its
+ * output [n, H] replaces xb. Each segment's K and V go to layer cl of its
+ * own cache, and its rows attend over that cache only. Gated (Qwen3.5):
+ * q_proj gives each head [query | gate], and the head's output is
+ * multiplied by sigmoid(gate) before o_proj. RoPE turns the first rot_dim
+ * dims of each head (all of them in Qwen3, a quarter in Qwen3.5). */
+static void attn_forward(Model *m, const Layer *L, const Seg *segs, int nseg, int cl) {
     const Config *c = &m->cfg;
     Scratch *s = &m->s;
+    const int n = seg_rows(segs, nseg);
     const int hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, grp = nh / nkv;
     const int qd = nh * hd, kvd = nkv * hd, half = c->rot_dim / 2;
     const float eps = (float)c->eps, scale = 1.0f / sqrtf((float)hd);
@@ -664,18 +700,23 @@ static void attn_forward(Model *m, const Layer *L, KVCache *kv, int cl, int n) {
     }
     if (m->trace_q && L != &m->mtp_layer)
         memcpy(m->trace_q + (size_t)cl * s->cap * qd, s->q, (size_t)n * qd * sizeof(float));
-    /* Each kv head is an independent stream: one thread appends a few
-     * positions and attends from all of them at once (attn_block), with the
-     * same bits as decode appending and attending one by one. */
+    /* Each (segment, kv head) pair is an independent stream: one thread
+     * appends a few of the segment's positions and attends from all of them
+     * at once (attn_block), with the same bits as decode appending and
+     * attending one by one. Blocks start at the segment's first row, as they
+     * would in a forward of that sequence alone. */
     const int blk = attn_block_tokens(grp);
     size_t per = attn_scratch_floats(grp * blk, hd);
-    /* scratch was sized for s->threads at load: never run more */
-#pragma omp parallel for schedule(static) num_threads(s->threads)
-    for (int h = 0; h < nkv; h++) {
+    /* scratch was sized for s->threads at load: never run more; segments
+     * differ in length, so pairs are handed out as threads come free */
+#pragma omp parallel for schedule(dynamic) num_threads(s->threads)
+    for (int p = 0; p < nseg * nkv; p++) {
+        const Seg *g = &segs[p / nkv];
+        const int h = p % nkv, end = g->row + g->n;
         float *scr = s->attn_scratch + (size_t)omp_get_thread_num() * per;
-        KVStream *ks = kv_k(kv, cl, h), *vs = kv_v(kv, cl, h);
-        for (int i0 = 0; i0 < n; i0 += blk) {
-            const int b = n - i0 < blk ? n - i0 : blk;
+        KVStream *ks = kv_k(g->kv, cl, h), *vs = kv_v(g->kv, cl, h);
+        for (int i0 = g->row; i0 < end; i0 += blk) {
+            const int b = end - i0 < blk ? end - i0 : blk;
             for (int i = i0; i < i0 + b; i++) {
                 kv_stream_append(ks, s->k + (size_t)i * kvd + (size_t)h * hd);
                 kv_stream_append(vs, s->v + (size_t)i * kvd + (size_t)h * hd);
@@ -776,85 +817,105 @@ static size_t journal_rec(const Config *c) {
 
 size_t model_journal_floats(const Model *m, int n) { return (size_t)m->cfg.n_gdn * n * journal_rec(&m->cfg); }
 
-/* Gated DeltaNet (shared/specs/qwen35.md) on the normed xb [n, H]; its
- * output [n, H] replaces xb. state: the layer's S [Hv, dk, dv] then the
- * conv's last K-1 inputs [K-1, conv_dim], carried from the previous call.
- * Tokens go through the conv and the recurrence one at a time in order, so
- * prefill, decode and verification give the same bits (the chunked form of
- * the rule would not): the projections are batched, the recurrence runs in
- * parallel over value heads, each head's state its own. Per token t and
- * value head j, reading key head h = j / (Hv / Hk):
- *   c = silu(conv(m)),  q, k, v = split(c),  q, k L2-normed (q * dk^-1/2)
- *   beta = sigmoid(b_j),  alpha = exp(-exp(A_log_j) softplus(a_j + dt_bias_j))
- *   S <- alpha S;  u = S^T k;  S <- S + k (beta (v - u))^T;  o = S^T q
- *   y_j = gnorm * o / rms(o) * silu(z_j)
- * following Hugging Face's torch_recurrent_gated_delta_rule. */
-static void gdn_forward(Model *m, const Layer *L, float *state, float *jr, int n) {
+/* The causal depthwise conv of a Gated DeltaNet layer over one sequence's
+ * rows mix [n, conv_dim], which become silu(conv) in place; win [K-1,
+ * conv_dim] is the window of that sequence's last K-1 inputs, carried from
+ * its previous call and advanced here. Blocks of CONV_CH channels, last
+ * token first, so that the inputs a token reads (its own and the K-1
+ * before it, from the window where t - j < 0) are still there; the
+ * window's next value is taken before anything is overwritten. Tap K-1
+ * multiplies the current input, the sum runs from the oldest input to it. */
+static void gdn_conv(const Model *m, const Layer *L, float *win, float *mix, int n) {
     const Config *c = &m->cfg;
-    Scratch *s = &m->s;
-    const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->conv_k;
-    const int conv_dim = 2 * hk * dk + hv * dv;
-    float *S0 = state, *win0 = state + (size_t)hv * dk * dv;
-    float *out[] = {s->mix, s->z, s->gb, s->ga};
-    const Weight *w[] = {&L->w_qkv, &L->w_z, &L->w_b, &L->w_a};
-    matmul_multi(out, w, 4, s->xb, n);
-    const size_t rec = journal_rec(c);
-    for (int t = 0; jr && t < n; t++) memcpy(jr + t * rec, s->mix + (size_t)t * conv_dim, conv_dim * sizeof(float));
-    /* the causal depthwise conv over blocks of CONV_CH channels: mix [n,
-     * conv_dim] becomes silu(conv) in place, last token first, so that the
-     * inputs a token reads (its own and the K-1 before it, from the window
-     * win [K-1, conv_dim] of the previous call where t - j < 0) are still
-     * there; the window's next value is taken before anything is
-     * overwritten. Tap K-1 multiplies the current input, the sum runs from
-     * the oldest input to it. */
+    const int K = c->conv_k, conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim;
 #pragma omp parallel for schedule(static) if (n * conv_dim >= PAR_MIN)
     for (int c0 = 0; c0 < conv_dim; c0 += CONV_CH) {
         const int w = conv_dim - c0 < CONV_CH ? conv_dim - c0 : CONV_CH;
         float tap[CONV_MAX_K][CONV_CH], old[CONV_MAX_K][CONV_CH];
         for (int j = 0; j < K; j++)
             for (int ch = 0; ch < w; ch++) tap[j][ch] = L->conv[(size_t)(c0 + ch) * K + j];
-        for (int j = 0; j < K - 1; j++) memcpy(old[j], win0 + (size_t)j * conv_dim + c0, (size_t)w * sizeof(float));
+        for (int j = 0; j < K - 1; j++) memcpy(old[j], win + (size_t)j * conv_dim + c0, (size_t)w * sizeof(float));
         for (int j = 0; j < K - 1; j++) {
             const int tau = n - (K - 1) + j; /* the input that becomes window row j */
-            memcpy(win0 + (size_t)j * conv_dim + c0, tau >= 0 ? s->mix + (size_t)tau * conv_dim + c0 : old[j + n],
+            memcpy(win + (size_t)j * conv_dim + c0, tau >= 0 ? mix + (size_t)tau * conv_dim + c0 : old[j + n],
                    (size_t)w * sizeof(float));
         }
         for (int t = n - 1; t >= 0; t--) {
-            float *x = s->mix + (size_t)t * conv_dim + c0;
+            float *x = mix + (size_t)t * conv_dim + c0;
             for (int ch = 0; ch < w; ch++) {
                 float acc = 0;
                 for (int j = 0; j < K; j++) {
                     const int tau = t - (K - 1) + j;
-                    acc += tap[j][ch] * (tau >= 0 ? s->mix[(size_t)tau * conv_dim + c0 + ch] : old[tau + K - 1][ch]);
+                    acc += tap[j][ch] * (tau >= 0 ? mix[(size_t)tau * conv_dim + c0 + ch] : old[tau + K - 1][ch]);
                 }
                 x[ch] = acc / (1.0f + expf(-acc));
             }
         }
     }
-    delta_prep(m, L, s->mix, s->gb, s->ga, n);
-    for (int t = 0; jr && t < n; t++) {
-        float *r = jr + t * rec + conv_dim;
-        memcpy(r, s->mix + (size_t)t * conv_dim, conv_dim * sizeof(float));
-        memcpy(r + conv_dim, s->ga + (size_t)t * hv, hv * sizeof(float));
-        memcpy(r + conv_dim + hv, s->gb + (size_t)t * hv, hv * sizeof(float));
+}
+
+/* Gated DeltaNet (shared/specs/qwen35.md) on the normed xb [n, H] (n: the
+ * rows of all segments); its output [n, H] replaces xb. Each segment's
+ * state: the layer's S [Hv, dk, dv] then the conv's last K-1 inputs [K-1,
+ * conv_dim], carried from its previous call. Tokens go through the conv
+ * and the recurrence one at a time in order, so prefill, decode and
+ * verification give the same bits (the chunked form of the rule would
+ * not): the projections, the per-token preparation and the output are
+ * batched over all rows, the conv and the recurrence run per segment over
+ * its own state, the recurrence in parallel over value heads, each head's
+ * state its own. Per token t and value head j, reading key head
+ * h = j / (Hv / Hk):
+ *   c = silu(conv(m)),  q, k, v = split(c),  q, k L2-normed (q * dk^-1/2)
+ *   beta = sigmoid(b_j),  alpha = exp(-exp(A_log_j) softplus(a_j + dt_bias_j))
+ *   S <- alpha S;  u = S^T k;  S <- S + k (beta (v - u))^T;  o = S^T q
+ *   y_j = gnorm * o / rms(o) * silu(z_j)
+ * following Hugging Face's torch_recurrent_gated_delta_rule. */
+static void gdn_forward(Model *m, const Layer *L, const Seg *segs, int nseg) {
+    const Config *c = &m->cfg;
+    Scratch *s = &m->s;
+    const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    const int conv_dim = 2 * hk * dk + hv * dv, n = seg_rows(segs, nseg);
+    float *out[] = {s->mix, s->z, s->gb, s->ga};
+    const Weight *w[] = {&L->w_qkv, &L->w_z, &L->w_b, &L->w_a};
+    matmul_multi(out, w, 4, s->xb, n);
+    /* journal record t of a segment (model_forward's only one): pre-conv m
+     * here, the prepared q | k | v, alpha, beta after delta_prep */
+    const size_t rec = journal_rec(c);
+    for (int g = 0; g < nseg; g++) {
+        float *mix = s->mix + (size_t)segs[g].row * conv_dim;
+        for (int t = 0; segs[g].jr && t < segs[g].n; t++)
+            memcpy(segs[g].jr + t * rec, mix + (size_t)t * conv_dim, conv_dim * sizeof(float));
+        gdn_conv(m, L, segs[g].state + (size_t)hv * dk * dv, mix, segs[g].n);
     }
-    delta_run(m, S0, s->mix, conv_dim, s->ga, s->gb, hv, s->y, n);
+    delta_prep(m, L, s->mix, s->gb, s->ga, n);
+    for (int g = 0; g < nseg; g++) {
+        const size_t r0 = (size_t)segs[g].row;
+        float *mix = s->mix + r0 * conv_dim, *ga = s->ga + r0 * hv, *gb = s->gb + r0 * hv;
+        for (int t = 0; segs[g].jr && t < segs[g].n; t++) {
+            float *r = segs[g].jr + t * rec + conv_dim;
+            memcpy(r, mix + (size_t)t * conv_dim, conv_dim * sizeof(float));
+            memcpy(r + conv_dim, ga + (size_t)t * hv, hv * sizeof(float));
+            memcpy(r + conv_dim + hv, gb + (size_t)t * hv, hv * sizeof(float));
+        }
+        delta_run(m, segs[g].state, mix, conv_dim, ga, gb, hv, s->y + r0 * hv * dv, segs[g].n);
+    }
     gated_norm(m, L, s->y, s->z, n);
     matmul(s->xb, s->y, &L->w_out, n);
 }
 
-/* One decoder layer on x [n, H] in place: pre-norm, the mixer (attention
- * over layer cl of kv, or Gated DeltaNet over its state), residual,
- * pre-norm, SwiGLU MLP, residual. */
-static void layer_forward(Model *m, const Layer *L, KVCache *kv, int cl, float *state, float *jr, int n) {
+/* One decoder layer on x [n, H] in place (n: the rows of all segments):
+ * pre-norm, the mixer (attention over layer cl of each segment's cache, or
+ * Gated DeltaNet over each segment's state), residual, pre-norm, SwiGLU
+ * MLP, residual. */
+static void layer_forward(Model *m, const Layer *L, const Seg *segs, int nseg, int cl) {
     const Config *c = &m->cfg;
     Scratch *s = &m->s;
-    const int H = c->hidden;
+    const int H = c->hidden, n = seg_rows(segs, nseg);
     const float eps = (float)c->eps;
 #pragma omp parallel for schedule(static) if (n * H >= PAR_MIN)
     for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, L->in_norm, H, eps);
-    if (L->gdn) gdn_forward(m, L, state, jr, n);
-    else attn_forward(m, L, kv, cl, n);
+    if (L->gdn) gdn_forward(m, L, segs, nseg);
+    else attn_forward(m, L, segs, nseg, cl);
     /* residual, then the MLP's pre-norm, row by row */
 #pragma omp parallel for schedule(static) if (n * H >= PAR_MIN)
     for (int i = 0; i < n; i++) {
@@ -906,39 +967,59 @@ static void nonfinite_error(const Model *m, const char *what, int pos, char *err
              "overflowed)", what, pos);
 }
 
-/* One chunk of at most MODEL_BATCH tokens at positions pos..pos+n-1.
- * Returns the first row whose hidden state or logits are not all finite,
- * or -1. */
-static int forward_chunk(Model *m, KVCache *kv, const int *tokens, int n, int pos, float *logits, int all_logits,
-                         float *hidden) {
+/* One forward of the rows segs [nseg] cover (at most s.cap in all):
+ * embeddings, the layers, the final norm. hidden: NULL or [n, H] the
+ * post-norm states of all rows. logits: NULL; [n, V] every row's when
+ * all_logits; else [k, V] those of the last rows of the k segments with
+ * last_logits, in segment order, from one lm_head matmul. Returns the
+ * first row whose hidden state or logits are not all finite, or -1. */
+static int forward_chunk(Model *m, Seg *segs, int nseg, float *logits, int all_logits, float *hidden) {
     const Config *c = &m->cfg;
     Scratch *s = &m->s;
-    const int H = c->hidden;
-    for (int i = 0; i < n; i++) weight_row(&m->embed, tokens[i], s->x + (size_t)i * H);
-    rope_tables(m, pos, n);
-    /* state: each Gated DeltaNet layer's part of the sequence's state, in
+    const int H = c->hidden, V = c->vocab_size, n = seg_rows(segs, nseg);
+    for (int g = 0; g < nseg; g++)
+        for (int i = 0; i < segs[g].n; i++)
+            weight_row(&m->embed, segs[g].tokens[i], s->x + (size_t)(segs[g].row + i) * H);
+    rope_tables(m, segs, nseg);
+    /* state: each Gated DeltaNet layer's part of a sequence's state, in
      * order; likewise its block of the journal when one is kept */
-    const size_t per = m->cfg.n_gdn ? m->state_floats / (size_t)m->cfg.n_gdn : 0;
+    const size_t per = c->n_gdn ? m->state_floats / (size_t)c->n_gdn : 0;
     const size_t jper = (size_t)m->journal_cap * journal_rec(c);
-    for (int l = 0, g = 0; l < c->n_layers; l++) {
+    for (int l = 0, gl = 0; l < c->n_layers; l++) {
         const Layer *L = &m->layers[l];
-        float *st = L->gdn ? kv->state + per * (size_t)g : NULL, *jr = L->gdn && m->journal ? m->journal + jper * g : NULL;
-        g += L->gdn;
-        layer_forward(m, L, kv, m->kv_slot[l], st, jr, n);
+        for (int g = 0; g < nseg; g++) {
+            segs[g].state = L->gdn ? segs[g].kv->state + per * (size_t)gl : NULL;
+            segs[g].jr = L->gdn && m->journal ? m->journal + jper * gl : NULL;
+        }
+        gl += L->gdn;
+        layer_forward(m, L, segs, nseg, m->kv_slot[l]);
     }
     for (int i = 0; i < n; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, m->final_norm, H, (float)c->eps);
     if (hidden) memcpy(hidden, s->xb, (size_t)n * H * sizeof(float));
-    if (logits && all_logits) matmul(logits, s->xb, &m->lm_head, n);
-    else if (logits) matmul(logits, s->xb + (size_t)(n - 1) * H, &m->lm_head, 1);
     /* checking costs a read of the outputs, next to a read of all weights */
     int bad = bad_row(s->xb, n, H);
-    if (bad < 0 && logits && all_logits) bad = bad_row(logits, n, c->vocab_size);
-    else if (bad < 0 && logits && bad_row(logits, 1, c->vocab_size) == 0) bad = n - 1;
+    if (logits && all_logits) {
+        matmul(logits, s->xb, &m->lm_head, n);
+        if (bad < 0) bad = bad_row(logits, n, V);
+    } else if (logits) {
+        /* x is free after the final norm: the wanted last rows go there
+         * [k, H], so that lm_head's weights are read once for all */
+        int k = 0;
+        for (int g = 0; g < nseg; g++)
+            if (segs[g].last_logits)
+                memcpy(s->x + (size_t)k++ * H, s->xb + (size_t)(segs[g].row + segs[g].n - 1) * H, H * sizeof(float));
+        matmul(logits, s->x, &m->lm_head, k);
+        /* logits row j is the last row of the j-th segment that wants them */
+        const int j = bad < 0 ? bad_row(logits, k, V) : -1;
+        for (int g = 0, w = 0; j >= 0 && g < nseg; g++)
+            if (segs[g].last_logits && w++ == j) bad = segs[g].row + segs[g].n - 1;
+    }
     return bad;
 }
 
-int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
-                  char *err, size_t errlen) {
+/* What model_forward refuses in one sequence's tokens [n] over cache kv,
+ * checked before anything runs: 0, or -1 with one line in err. */
+static int seq_check(const Model *m, const KVCache *kv, const int *tokens, int n, char *err, size_t errlen) {
     const Config *c = &m->cfg;
     int pos = kv_cache_len(kv);
     if (n < 1) { snprintf(err, errlen, "model_forward: expected at least one token"); return -1; }
@@ -967,6 +1048,14 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
                  "model_kv_init)", kv->dev ? "GPU" : "CPU", m->gpu ? "GPU" : "CPU");
         return -1;
     }
+    return 0;
+}
+
+int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
+                  char *err, size_t errlen) {
+    const Config *c = &m->cfg;
+    int pos = kv_cache_len(kv);
+    if (seq_check(m, kv, tokens, n, err, errlen)) return -1;
     if (m->gpu) {
         int bad;
         if (gpu_forward(m->gpu, kv, tokens, n, logits, all_logits, hidden, &bad, err, errlen)) return -1;
@@ -978,16 +1067,97 @@ int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits
         }
         return 0;
     }
+    /* one segment per chunk of at most s.cap tokens; logits of the last
+     * row only come from the last chunk */
     for (int off = 0; off < n; off += m->s.cap) {
         int nb = n - off < m->s.cap ? n - off : m->s.cap, last = off + nb == n;
         float *lg = logits && (all_logits || last) ? logits + (all_logits ? (size_t)off * c->vocab_size : 0) : NULL;
-        int bad = forward_chunk(m, kv, tokens + off, nb, pos + off, lg, all_logits,
-                                hidden ? hidden + (size_t)off * c->hidden : NULL);
+        Seg seg = {.kv = kv, .tokens = tokens + off, .n = nb, .pos = pos + off, .last_logits = lg && !all_logits};
+        int bad = forward_chunk(m, &seg, 1, lg, all_logits, hidden ? hidden + (size_t)off * c->hidden : NULL);
         if (bad >= 0) {
             nonfinite_error(m, "model", pos + off + bad, err, errlen);
             return -1;
         }
     }
+    return 0;
+}
+
+int model_thread_init(const Model *m) { return matmul_reserve(m->s.cap, m->s.wide); }
+
+void model_thread_free(void) { matmul_thread_free(); }
+
+int model_batch_rows(const Model *m) { return m->s.cap; }
+
+int model_forward_batch(Model *m, ModelSeq *seqs, int nseq, char *err, size_t errlen) {
+    const int V = m->cfg.vocab_size;
+    char why[512];
+    if (nseq < 1) {
+        snprintf(err, errlen, "model_forward_batch: expected at least one sequence, found %d", nseq);
+        return -1;
+    }
+    if (nseq > 1 && m->gpu) {
+        snprintf(err, errlen, "model_forward_batch: %d sequences, but on the GPU the forward takes one", nseq);
+        return -1;
+    }
+    /* the journal's layout holds one sequence's rows */
+    if (nseq > 1 && m->journal) {
+        snprintf(err, errlen, "model_forward_batch: %d sequences, but a journal (speculative verification) is kept, "
+                 "which records one", nseq);
+        return -1;
+    }
+    /* every check before anything runs, so that a refused batch leaves
+     * every cache as it was */
+    int rows = 0, k = 0;
+    for (int i = 0; i < nseq; i++) {
+        if (seq_check(m, seqs[i].kv, seqs[i].tokens, seqs[i].n, why, sizeof why)) {
+            snprintf(err, errlen, "sequence %d: %s", i, why);
+            return -1;
+        }
+        for (int j = 0; j < i; j++)
+            if (seqs[j].kv == seqs[i].kv) {
+                snprintf(err, errlen, "sequence %d: the same cache as sequence %d", i, j);
+                return -1;
+            }
+        rows += seqs[i].n;
+        if (rows > m->s.cap) {
+            snprintf(err, errlen, "sequence %d: %d rows so far, more than the %d a batch takes (model_batch_rows)", i,
+                     rows, m->s.cap);
+            return -1;
+        }
+        k += seqs[i].logits != NULL;
+    }
+    /* one sequence is model_forward's own case (the GPU's too) */
+    if (nseq == 1) {
+        if (!model_forward(m, seqs[0].kv, seqs[0].tokens, seqs[0].n, seqs[0].logits, 0, NULL, why, sizeof why))
+            return 0;
+        snprintf(err, errlen, "sequence 0: %s", why);
+        return -1;
+    }
+    /* at most s.cap rows of at least one each: nseq <= MODEL_BATCH */
+    Seg segs[MODEL_BATCH];
+    float *lg = k ? malloc((size_t)k * V * sizeof(float)) : NULL;
+    if (k && !lg) {
+        snprintf(err, errlen, "model_forward_batch: out of memory for %d rows of logits", k);
+        return -1;
+    }
+    /* the sequences' rows back to back, in their order */
+    for (int i = 0, row = 0; i < nseq; i++) {
+        segs[i] = (Seg){.kv = seqs[i].kv, .tokens = seqs[i].tokens, .row = row, .n = seqs[i].n,
+                        .pos = kv_cache_len(seqs[i].kv), .last_logits = seqs[i].logits != NULL};
+        row += seqs[i].n;
+    }
+    int bad = forward_chunk(m, segs, nseq, lg, 0, NULL);
+    /* lg [k, V] in sequence order, to the sequences that asked */
+    for (int i = 0, j = 0; i < nseq; i++)
+        if (seqs[i].logits) memcpy(seqs[i].logits, lg + (size_t)j++ * V, (size_t)V * sizeof(float));
+    free(lg);
+    for (int i = 0; bad >= 0 && i < nseq; i++)
+        if (bad < segs[i].row + segs[i].n) {
+            char what[32];
+            snprintf(what, sizeof what, "sequence %d", i);
+            nonfinite_error(m, what, segs[i].pos + bad - segs[i].row, err, errlen);
+            return -1;
+        }
     return 0;
 }
 
@@ -1034,8 +1204,9 @@ int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *to
             rmsnorm(cat + H, hidden + (size_t)(off + i) * H, m->mtp_norm_hid, H, eps);
         }
         matmul(s->x, s->cat, &m->mtp_fc, nb);
-        rope_tables(m, pos + off, nb);
-        layer_forward(m, &m->mtp_layer, mkv, 0, NULL, NULL, nb);
+        const Seg seg = {.kv = mkv, .n = nb, .pos = pos + off};
+        rope_tables(m, &seg, 1);
+        layer_forward(m, &m->mtp_layer, &seg, 1, 0);
         for (int i = 0; i < nb; i++) rmsnorm(s->xb + (size_t)i * H, s->x + (size_t)i * H, m->mtp_norm, H, eps);
         if (hm) memcpy(hm + (size_t)off * H, s->xb, (size_t)nb * H * sizeof(float));
         if (logits && all_logits) matmul(logits + (size_t)off * V, s->xb, &m->mtp_head, nb);

@@ -6,6 +6,9 @@
  * decode and speculative verification are all that one call: matmuls run on
  * the whole batch, attention walks the batch one position at a time through
  * attn/ and the kv/ scheme, so batching never changes a result.
+ * model_forward_batch runs several sequences, each over its own cache, in
+ * one such forward: their rows share the matmuls, and each gets the bits it
+ * would get alone.
  *
  *   tokens [n] -> x [n, H] -> layers -> RMSNorm -> hidden [n, H] -> logits [n, V]
  *
@@ -60,6 +63,7 @@ typedef struct {
     float *attn_scratch;  /* [threads, attn_scratch_floats(group, hd)] */
     float *cat;           /* [cap, 2H] MTP input, when the model has an MTP head */
     int threads;
+    int wide;             /* the widest input of any matmul (matmul_reserve) */
 } Scratch;
 
 typedef struct GpuModel GpuModel;
@@ -143,6 +147,10 @@ void model_drop_gpu(Model *m);
 
 /* Opens a KV cache shaped for this model: its full-attention layers (1 for
  * MTP), and for a hybrid model the Gated DeltaNet state beside them. */
+/* The bytes such a cache of ctx positions in spec takes (the schemes'
+ * bits per value): the full-attention layers' K and V, which grow with
+ * the context, and a hybrid's recurrent state, which does not. */
+double model_cache_bytes(const Model *m, const KVSpec *spec, int ctx);
 int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen);
 
 /* Runs tokens[0..n) at positions [p, p+n), p = kv_cache_len(kv), appending
@@ -151,6 +159,33 @@ int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int 
  * 0 ok; -1 with err on a bad token id or a full context. */
 int model_forward(Model *m, KVCache *kv, const int *tokens, int n, float *logits, int all_logits,
                   float *hidden, char *err, size_t errlen);
+
+/* One sequence's part of a batched forward (model_forward_batch). */
+typedef struct {
+    KVCache *kv;        /* its own cache (model_kv_init); its tokens go at positions kv_cache_len(kv).. */
+    const int *tokens;  /* [n] */
+    int n;              /* >= 1 */
+    float *logits;      /* NULL, or [V]: the logits of its last token */
+} ModelSeq;
+/* Readies a thread other than model_load's to run this model's forwards
+ * (a server's engine): its matmul buffers grown as model_load grew the
+ * loader's, so that no forward allocates. 0 ok, -1 out of memory. */
+int model_thread_init(const Model *m);
+/* Frees the calling thread's forward buffers, before it exits. */
+void model_thread_free(void);
+/* Rows a batched forward takes at most (all sequences' n together). */
+int model_batch_rows(const Model *m);
+/* Runs several sequences in one forward (a server's continuous batching):
+ * the matmuls read the weights once for all rows, each row attends (or
+ * runs its Gated DeltaNet recurrence) over its own sequence's cache/state.
+ * Every sequence's logits and cache bytes are those
+ * model_forward(m, seq.kv, seq.tokens, seq.n, seq.logits, 0, NULL, ...)
+ * gives it alone, bit for bit. Everything is checked before anything
+ * runs, so a refused batch changes no cache. 0 ok; -1 with one line in err
+ * (naming the sequence index) on a bad token, a full context, too many
+ * rows, the same cache twice, non-finite outputs, a journal kept
+ * (Model.journal) or a model on the GPU with more than one sequence. */
+int model_forward_batch(Model *m, ModelSeq *seqs, int nseq, char *err, size_t errlen);
 
 /* Runs the MTP head on n rows at MTP positions [p, p+n), p = kv_cache_len(mkv)
  * (a one-layer cache from model_kv_init(..., mtp = 1)). hidden [n, H] and

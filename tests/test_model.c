@@ -219,3 +219,65 @@ Test(model, yarn_rope_scaling_from_config) {
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_expect_eq(system(cmd), 0);
 }
+
+/* Three sequences already at different lengths (0, 5 and 62: a 64-token
+ * kivi2 window is flushed inside the first batch) step together through
+ * model_forward_batch, n = {7, 1, 3} then {1, 1, 1}: each one's logits
+ * and cache length must be those of the same tokens run alone with
+ * model_forward on a cache of its own, to the bit. A batch refused for a
+ * bad token in sequence 2 names it and leaves every cache as it was. */
+static void check_batch(const char *fixture, const char *scheme) {
+    Model m;
+    KVCache a[3];
+    char err[512], what[64];
+    int ids[1024], at[3];
+    const int n = read_tokens("tests/data/golden/small/paragraph/tokens.txt", ids, 1024);
+    const int pre[3] = {0, 5, 62}, step[2][3] = {{7, 1, 3}, {1, 1, 1}}, off[3] = {0, 100, 200};
+    cr_assert(n >= off[2] + pre[2] + 4);
+    open_model(&m, &a[0], fixture, scheme, 128, 0);
+    snprintf(what, sizeof what, "%s %s", fixture, scheme);
+    check_batch_vs_alone(&m, a, 128, ids, off, pre, step, what, at);
+    /* refused before anything runs: no cache moves */
+    const int V = m.cfg.vocab_size;
+    float *la = malloc((size_t)2 * V * sizeof(float));
+    int bad[2] = {ids[0], V};
+    ModelSeq seqs[3] = {{&a[0], ids, 1, la}, {&a[1], ids, 2, NULL}, {&a[2], bad, 2, la + V}};
+    cr_expect_eq(model_forward_batch(&m, seqs, 3, err, sizeof err), -1);
+    cr_expect(strstr(err, "sequence 2") && strstr(err, "token id"), "%s", err);
+    seqs[2] = (ModelSeq){&a[0], ids, 1, NULL};
+    cr_expect_eq(model_forward_batch(&m, seqs, 3, err, sizeof err), -1);
+    cr_expect(strstr(err, "sequence 2: the same cache as sequence 0") != NULL, "%s", err);
+    for (int i = 0; i < 3; i++) cr_expect_eq(kv_cache_len(&a[i]), at[i], "refused batch moved cache %d", i);
+    free(la);
+    for (int i = 0; i < 3; i++) kv_cache_free(&a[i]);
+    model_free(&m);
+}
+
+Test(model, batched_sequences_match_single_runs) {
+    const char *schemes[] = {"f32", "q8", "tbq4", "kivi2:g32:r64"};
+    for (int i = 0; i < 4; i++) {
+        check_batch("tiny", schemes[i]);
+        check_batch("small", schemes[i]);
+    }
+}
+
+/* Rows past model_batch_rows are refused by sequence, before any runs. */
+Test(model, batch_over_its_rows_is_refused) {
+    Model m;
+    KVCache a, b;
+    char err[512];
+    open_model(&m, &a, "tiny", "f32", 512, 0);
+    KVSpec spec = a.spec;
+    cr_assert_eq(model_kv_init(&m, &b, &spec, 512, 0, err, sizeof err), 0, "%s", err);
+    const int rows = model_batch_rows(&m);
+    int *ids = calloc((size_t)rows, sizeof(int));
+    ModelSeq seqs[2] = {{&a, ids, rows - 1, NULL}, {&b, ids, 2, NULL}};
+    cr_expect_eq(model_forward_batch(&m, seqs, 2, err, sizeof err), -1);
+    cr_expect(strstr(err, "sequence 1") && strstr(err, "model_batch_rows"), "%s", err);
+    cr_expect(kv_cache_len(&a) == 0 && kv_cache_len(&b) == 0);
+    seqs[1].n = 1;
+    cr_expect_eq(model_forward_batch(&m, seqs, 2, err, sizeof err), 0, "%s", err);
+    free(ids);
+    kv_cache_free(&a), kv_cache_free(&b);
+    model_free(&m);
+}

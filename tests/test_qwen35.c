@@ -131,6 +131,35 @@ Test(qwen35, prefill_and_decode_give_the_same_bits) {
     }
 }
 
+/* Three sequences of the hybrid at lengths 0, 4 and 11 step together
+ * through model_forward_batch, n = {5, 1, 3} then {1, 1, 1}: each one's
+ * logits and recurrent state (S and the conv window of every Gated
+ * DeltaNet layer) are the bits model_forward gives it alone on a cache of
+ * its own. A journal (one sequence's record) refuses a batch of several. */
+Test(qwen35, batched_sequences_match_single_runs) {
+    const char *schemes[] = {"f32", "tbq4"};
+    for (int s = 0; s < 2; s++) {
+        Model m;
+        KVCache a[3];
+        char err[512];
+        int ids[64], at[3];
+        const int n = read_tokens(GOLD "/sentence/tokens.txt", ids, 64);
+        const int pre[3] = {0, 4, 11}, step[2][3] = {{5, 1, 3}, {1, 1, 1}}, off[3] = {0, 9, 20};
+        cr_assert(n >= off[2] + pre[2] + 4);
+        open_q35(&m, &a[0], schemes[s], 64);
+        check_batch_vs_alone(&m, a, 64, ids, off, pre, step, schemes[s], at);
+        float journal[1];
+        m.journal = journal, m.journal_cap = 1;
+        ModelSeq seqs[3];
+        for (int i = 0; i < 3; i++) seqs[i] = (ModelSeq){.kv = &a[i], .tokens = ids + off[i] + at[i], .n = 1};
+        cr_expect_eq(model_forward_batch(&m, seqs, 3, err, sizeof err), -1);
+        cr_expect(strstr(err, "journal") != NULL, "%s", err);
+        m.journal = NULL, m.journal_cap = 0;
+        for (int i = 0; i < 3; i++) kv_cache_free(&a[i]);
+        model_free(&m);
+    }
+}
+
 /* The journal a verify pass keeps: after a recorded forward of 6 tokens,
  * replaying its first n (0..6) from the snapshot leaves the state a
  * forward of just those n tokens does, to the byte (conv window included:

@@ -103,4 +103,50 @@ static inline float *read_f32(const char *path, size_t count) {
     return x;
 }
 
+#ifdef MODEL_H
+/* model_forward_batch against model_forward alone, on m with caches of ctx
+ * positions in a[0]'s scheme: three sequences start at tokens ids + off[i]
+ * with pre[i] tokens already fed, then step together through two batches
+ * of step[r][i] tokens; each one's logits, cache length and recurrent state
+ * (a hybrid's) must be the bits the same tokens give it alone. a [3] (a[0]
+ * opened by the caller, the rest here) are left open, at their lengths,
+ * for the caller's further checks; lengths[i] gets each one's. */
+static inline void check_batch_vs_alone(Model *m, KVCache *a, int ctx, const int *ids, const int *off, const int *pre,
+                                        const int step[2][3], const char *what, int *lengths) {
+    KVCache b[3];
+    char err[512];
+    KVSpec spec = a[0].spec;
+    for (int i = 0; i < 3; i++) {
+        if (i) cr_assert_eq(model_kv_init(m, &a[i], &spec, ctx, 0, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_kv_init(m, &b[i], &spec, ctx, 0, err, sizeof err), 0, "%s", err);
+        if (!pre[i]) continue;
+        cr_assert_eq(model_forward(m, &a[i], ids + off[i], pre[i], NULL, 0, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_forward(m, &b[i], ids + off[i], pre[i], NULL, 0, NULL, err, sizeof err), 0, "%s", err);
+    }
+    const int V = m->cfg.vocab_size;
+    float *la = malloc((size_t)3 * V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
+    for (int i = 0; i < 3; i++) lengths[i] = pre[i];
+    for (int r = 0; r < 2; r++) {
+        ModelSeq seqs[3];
+        for (int i = 0; i < 3; i++)
+            seqs[i] = (ModelSeq){.kv = &a[i], .tokens = ids + off[i] + lengths[i], .n = step[r][i],
+                                 .logits = la + (size_t)i * V};
+        cr_assert_eq(model_forward_batch(m, seqs, 3, err, sizeof err), 0, "%s", err);
+        for (int i = 0; i < 3; i++) {
+            cr_assert_eq(model_forward(m, &b[i], seqs[i].tokens, seqs[i].n, lb, 0, NULL, err, sizeof err), 0, "%s",
+                         err);
+            lengths[i] += step[r][i];
+            cr_expect_eq(kv_cache_len(&a[i]), lengths[i], "%s: batch %d, sequence %d: length", what, r, i);
+            cr_expect_eq(memcmp(la + (size_t)i * V, lb, (size_t)V * sizeof(float)), 0,
+                         "%s: batch %d, sequence %d: logits differ from a run alone", what, r, i);
+            if (kv_cache_state_bytes(&a[i]))
+                cr_expect_eq(memcmp(a[i].state, b[i].state, kv_cache_state_bytes(&a[i])), 0,
+                             "%s: batch %d, sequence %d: state differs from a run alone", what, r, i);
+        }
+    }
+    free(la), free(lb);
+    for (int i = 0; i < 3; i++) kv_cache_free(&b[i]);
+}
+#endif
+
 #endif

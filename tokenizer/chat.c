@@ -62,3 +62,33 @@ char *chat_next_turn(const char *user, int thinking) {
     free(u);
     return out;
 }
+
+/* An earlier reply as the template keeps it: what follows its last
+ * </think>, leading newlines dropped; the whole reply when it has none. */
+static const char *reply_text(const char *content) {
+    const char *p = content, *q;
+    while ((q = strstr(p, "</think>"))) p = q + strlen("</think>");
+    if (p == content) return content;
+    while (*p == '\n') p++;
+    return p;
+}
+
+char *chat_render(const char *const *roles, const char *const *contents, int n, int thinking, int open_think) {
+    /* five parts per message plus the generation prompt's two */
+    const char **parts = malloc(((size_t)n * 5 + 2) * sizeof *parts);
+    if (!parts) return NULL;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const int reply = strcmp(roles[i], "assistant") == 0;
+        parts[k++] = "<|im_start|>";
+        parts[k++] = roles[i];
+        parts[k++] = "\n";
+        parts[k++] = reply ? reply_text(contents[i]) : contents[i];
+        parts[k++] = "<|im_end|>\n";
+    }
+    parts[k++] = gen_prompt(thinking);
+    parts[k++] = open_think && thinking ? "<think>\n" : "";
+    char *out = join(parts, k);
+    free(parts);
+    return out;
+}

@@ -38,4 +38,13 @@ char *chat_user(const char *user, int thinking);
 char *chat_user_open_think(const char *user, int thinking);
 #define CHAT_CLOSE "<|im_end|>\n"
 
+/* A whole conversation as the template renders it from scratch (the
+ * server's chat requests): each message in order as
+ * <|im_start|>{role}\n{content}<|im_end|>\n, an assistant's content
+ * without its think block (the template drops the reasoning of replies
+ * before the last user message), then the generation prompt; open_think:
+ * Qwen3.5's, which opens the think block when thinking is on. roles[i] is
+ * "system", "user" or "assistant". Same ownership as chat_first_turn. */
+char *chat_render(const char *const *roles, const char *const *contents, int n, int thinking, int open_think);
+
 #endif

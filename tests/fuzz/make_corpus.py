@@ -222,8 +222,30 @@ def json_seeds():
     }
 
 
+def request_seeds():
+    """Request bodies as OpenAI clients send them: a chat with every field
+    and a think block in an earlier reply, a completion, nulls for defaults."""
+    return {
+        "chat": compact({
+            "model": "x",
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello"},
+                         {"role": "user", "content": [{"type": "text", "text": "And"},
+                                                      {"type": "text", "text": " you?"}]}],
+            "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 42,
+            "stop": ["\n\n", "END"], "stream": True, "kv": "tbq4",
+            "chat_template_kwargs": {"enable_thinking": False}}),
+        "completion": compact({
+            "prompt": ["In the beginning"], "max_completion_tokens": 8, "frequency_penalty": 0.5,
+            "presence_penalty": 0.1, "repetition_penalty": 1.1, "n": 1, "stop": "x", "kv": "q8/q4"}),
+        "nulls": compact({"prompt": "x", "temperature": None, "stop": None, "kv": None, "stream": False,
+                          "max_tokens": 0}),
+    }
+
+
 def main():
     write_seeds("fuzz_json", json_seeds())
+    write_seeds("fuzz_request", request_seeds())
     write_seeds("fuzz_config", config_seeds())
     write_seeds("fuzz_safetensors", safetensors_seeds())
     write_seeds("fuzz_tokenizer_load", tokenizer_load_seeds())

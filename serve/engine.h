@@ -1,0 +1,125 @@
+/* engine.h: the server's scheduler: many sequences, one batched forward per step.
+ *
+ * Data flow: serve/http.c turns a request into a Job (prompt ids and
+ * settings) and submits it; the engine's one thread admits queued jobs
+ * into free slots while the memory budget for caches allows, opens each a
+ * KV cache in its own scheme, and runs steps: one model_forward_batch over
+ * every active job's next rows (a decoding job's last token, a prefilling
+ * job's next prompt slice), then samples each job's next token from its
+ * own logits with its own sampler. Text goes to the job's buffer as it is
+ * made; http.c's connection threads wait on the job for it. Because a
+ * row's result does not depend on the batch it is in, a job's tokens are
+ * those it would get alone.
+ *
+ *   queue --admit--> slots [parallel] --step--> model_forward_batch --> samplers --> job text
+ */
+#ifndef ENGINE_H
+#define ENGINE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "model/model.h"
+#include "sample/sampler.h"
+#include "serve/request.h"
+#include "tokenizer/tokenizer.h"
+
+typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_DONE } JobState;
+
+typedef struct Job {
+    /* set by the submitter, read-only after engine_submit */
+    Request rq;
+    int *ids, n_ids;      /* the prompt's tokens */
+    int max_tokens;       /* tokens to generate at most */
+    int cap;              /* the cache's positions: prompt + max_tokens, within the context */
+    KVSpec spec;          /* the cache's scheme */
+    float temperature, top_p, min_p;
+    int top_k, last_n;    /* last_n: the penalties' window */
+    unsigned long long seed;
+    /* the engine's own while the job runs */
+    KVCache kv;
+    Sampler smp;
+    TokStream ts;
+    double budget;        /* bytes of the memory budget the cache holds */
+    int fed;              /* prompt tokens in the cache */
+    int next;             /* a decoding job's sampled token, not yet in the cache */
+    /* shared, under the engine's lock */
+    JobState state;
+    char *text;           /* [len] generated text so far (cap: text_cap) */
+    size_t len, text_cap;
+    size_t ready;         /* bytes of text that no stop string can take back */
+    int n_gen;            /* tokens generated */
+    const char *finish;   /* "stop" or "length" once done; NULL with err on failure */
+    char err[512];
+    int cancelled;        /* the client went away */
+    int refs;             /* the engine's and the connection's */
+    double t_submit, t_first; /* when queued, when its first token came */
+    pthread_cond_t cond;  /* signalled when text, or the end, comes */
+    struct Job *next_q;
+} Job;
+
+typedef struct {
+    int parallel;         /* sequences at once */
+    int queue;            /* jobs waiting at most */
+    double budget;        /* bytes all caches may take together */
+    int threads;          /* OpenMP threads of the forward (a new thread does not inherit -T) */
+} EngineOpts;
+
+/* Counters for GET /metrics, under the engine's lock. */
+typedef struct {
+    long requests, rejected, failed;
+    long prompt_tokens, generated_tokens;
+    double ttft_sum;      /* seconds from submit to first token, summed */
+    long ttft_count;
+    long steps, step_rows;
+} EngineStats;
+
+typedef struct {
+    Model *m;
+    const Tokenizer *tok;
+    EngineOpts o;
+    int stops[CFG_MAX_EOS + 1], n_stops; /* end-of-text tokens */
+    pthread_mutex_t mu;
+    pthread_cond_t work;  /* a job came, or the engine is to stop */
+    pthread_t thread;
+    int started, stopping, stopped;
+    int ready;            /* the thread's buffers: 0 not yet, 1 made, -1 out of memory */
+    Job *queue_head, *queue_tail;
+    int n_queued;
+    Job **active;         /* [parallel] NULL where free */
+    int n_active;
+    double used;          /* bytes of the budget held */
+    EngineStats st;
+    /* step scratch */
+    ModelSeq *seqs;       /* [parallel] */
+    Job **in_step;        /* [parallel] */
+    float *logits;        /* [parallel, V] */
+    char *piece;          /* [tok_max_piece + 16] */
+    size_t piece_cap;
+} Engine;
+
+/* Starts the engine's thread. 0 ok, -1 with one line in err. */
+int engine_init(Engine *e, Model *m, const Tokenizer *tok, const EngineOpts *o, char *err, size_t errlen);
+/* Stops the thread and ends every job (err "the server is stopping");
+ * later submissions are refused. Connections may still wait on and
+ * release their jobs until engine_free. */
+void engine_stop(Engine *e);
+/* Stops the engine if it runs, and frees it. */
+void engine_free(Engine *e);
+/* Queues j (its fields above "the engine's own" set; refs is set here to
+ * 2). 0 queued; -1 the queue is full (j untouched, the caller still owns it). */
+int engine_submit(Engine *e, Job *j);
+/* Drops the caller's reference to j; marks it cancelled when it is not
+ * done (the engine then ends it at its next step and frees it). */
+void engine_release(Engine *e, Job *j);
+/* Waits until j has text past *sent or is done, up to timeout seconds.
+ * Copies the new ready text into a malloc'd *out (*n bytes, NULL when
+ * none) and advances *sent; returns 1 when j is done (its text all sent
+ * once *out is consumed), else 0. */
+int engine_wait(Engine *e, Job *j, size_t *sent, char **out, size_t *n, double timeout);
+/* A consistent copy of the counters, with the active and queued counts
+ * and each scheme's cache bytes written to f in Prometheus text format. */
+void engine_metrics(Engine *e, FILE *f);
+
+#endif

@@ -1,0 +1,473 @@
+/* test_serve.c: ./run -m serve through HTTP as a client sees it: the
+ * endpoints, greedy and seeded text equal to the CLI's, requests in one
+ * batch equal to the same requests alone (every scheme family), streams
+ * equal to plain responses, stop strings, bad requests answered with a
+ * JSON error naming the field, a full queue answered 503, a client that
+ * hangs up freeing its slot. The server is $RUN_BIN on the shipped model;
+ * a build without libmicrohttpd skips (its -h lists no serve). */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/util.h"
+
+#define MODEL "models/qwen3-kjv-mtp"
+
+static const char *bin(void) { return getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run"; }
+
+typedef struct {
+    pid_t pid;
+    int port;
+    char err_path[128];
+} Server;
+
+/* Whether this ./run has the server. */
+static int has_serve(void) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s -h | grep -q ' | serve'", bin());
+    return system(cmd) == 0;
+}
+
+/* Starts ./run MODEL -m serve --port 0 with extra args and waits for the
+ * line naming its port. */
+static void server_start_model(Server *s, const char *model, const char *args) {
+    if (!has_serve()) cr_skip_test("this ./run was built without libmicrohttpd");
+    snprintf(s->err_path, sizeof s->err_path, "/tmp/run_serve_err.%d", (int)getpid());
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "exec %s %s -m serve --port 0 -T 1 %s 2>%s", bin(), model, args, s->err_path);
+    s->pid = fork();
+    cr_assert(s->pid >= 0);
+    if (s->pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    s->port = 0;
+    for (int i = 0; i < 600 && !s->port; i++) {
+        usleep(50000);
+        FILE *f = fopen(s->err_path, "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f)) {
+            const char *p = strstr(line, "listening on http://127.0.0.1:");
+            if (p) s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
+        }
+        if (f) fclose(f);
+        int st;
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) break;
+    }
+    cr_assert(s->port > 0, "the server did not start: %s", slurp(s->err_path, NULL));
+}
+
+static void server_start(Server *s, const char *args) { server_start_model(s, MODEL, args); }
+
+/* SIGTERM: the server must stop by itself, exit 0, say so. */
+static void server_stop(Server *s) {
+    kill(s->pid, SIGTERM);
+    int st = -1;
+    for (int i = 0; i < 200; i++) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) break;
+        usleep(50000);
+    }
+    char *err = slurp(s->err_path, NULL);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the server did not exit 0 on SIGTERM: %s", err);
+    cr_expect(strstr(err, "serve: stopping") != NULL, "%s", err);
+    free(err);
+    remove(s->err_path);
+}
+
+typedef struct {
+    int status;
+    char *body;   /* malloc'd, NUL-terminated */
+} Reply;
+
+static int connect_to(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((unsigned short)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "cannot connect to port %d", port);
+    return fd;
+}
+
+/* Sends an HTTP/1.0 request (so the body ends with the connection, no chunking). */
+static void send_request(int fd, const char *method, const char *path, const char *body, size_t n) {
+    char head[512];
+    int k = snprintf(head, sizeof head, "%s %s HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n", method, path, n);
+    cr_assert_eq(write(fd, head, (size_t)k), k);
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(fd, body + off, n - off);
+        if (w <= 0) break; /* the server may answer 413 before reading all */
+        off += (size_t)w;
+    }
+}
+
+/* Reads the whole reply: status, then the body after the headers. */
+static Reply read_reply(int fd) {
+    size_t cap = 1 << 16, len = 0;
+    char *b = malloc(cap);
+    ssize_t r;
+    while ((r = read(fd, b + len, cap - len - 1)) > 0) {
+        len += (size_t)r;
+        if (len + 1 == cap) b = realloc(b, cap *= 2);
+    }
+    b[len] = 0;
+    close(fd);
+    /* no status line (the connection closed unanswered): status 0, for the caller's message */
+    Reply rp = {0, NULL};
+    if (sscanf(b, "HTTP/1.%*d %d", &rp.status) != 1) rp.status = 0;
+    const char *body = strstr(b, "\r\n\r\n");
+    rp.body = strdup(body ? body + 4 : "");
+    free(b);
+    return rp;
+}
+
+static Reply http(const Server *s, const char *method, const char *path, const char *body) {
+    int fd = connect_to(s->port);
+    send_request(fd, method, path, body ? body : "", body ? strlen(body) : 0);
+    return read_reply(fd);
+}
+
+/* The JSON string value after "key": in body, unescaped for the escapes
+ * the server writes (\n, \", \\, \uXXXX below 0x80), malloc'd; NULL if none. */
+static char *json_str(const char *body, const char *key) {
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":\"", key);
+    const char *p = strstr(body, k);
+    if (!p) return NULL;
+    p += strlen(k);
+    char *out = malloc(strlen(p) + 1), *q = out;
+    for (; *p && *p != '"'; p++) {
+        if (*p != '\\') { *q++ = *p; continue; }
+        p++;
+        if (*p == 'n') *q++ = '\n';
+        else if (*p == 'u') {
+            unsigned c = 0;
+            sscanf(p + 1, "%4x", &c);
+            *q++ = (char)c;
+            p += 4;
+        } else *q++ = *p;
+    }
+    *q = 0;
+    return out;
+}
+
+/* The concatenated "key" strings of every event of an SSE body. */
+static char *sse_text(const char *body, const char *key) {
+    char *out = calloc(1, strlen(body) + 1);
+    for (const char *p = body; (p = strstr(p, "data: {")); p++) {
+        const char *end = strstr(p, "\n\n");
+        char *ev = strndup(p, end ? (size_t)(end - p) : strlen(p));
+        char *t = json_str(ev, key);
+        if (t) strcat(out, t);
+        free(t);
+        free(ev);
+    }
+    return out;
+}
+
+/* The CLI's continuation of prompt: stdout less the echoed prompt and the final newline. */
+static char *cli_text(const char *prompt, const char *opts) {
+    char cmd[1024], path[128];
+    snprintf(path, sizeof path, "/tmp/run_serve_cli.%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s " MODEL " -i '%s' -T 1 %s >%s 2>/dev/null", bin(), prompt, opts, path);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    size_t n;
+    char *out = slurp(path, &n);
+    remove(path);
+    cr_assert(n > strlen(prompt) && !strncmp(out, prompt, strlen(prompt)) && out[n - 1] == '\n');
+    out[n - 1] = 0;
+    char *t = strdup(out + strlen(prompt));
+    free(out);
+    return t;
+}
+
+Test(serve, endpoints, .timeout = 120) {
+    Server s;
+    server_start(&s, "");
+    Reply r = http(&s, "GET", "/health", NULL);
+    cr_expect_eq(r.status, 200);
+    cr_expect(strstr(r.body, "\"status\":\"ok\""), "%s", r.body);
+    free(r.body);
+    r = http(&s, "GET", "/v1/models", NULL);
+    cr_expect_eq(r.status, 200);
+    cr_expect(strstr(r.body, "\"object\":\"list\"") && strstr(r.body, "\"id\":\"qwen3-kjv-mtp\""), "%s", r.body);
+    free(r.body);
+    r = http(&s, "GET", "/metrics", NULL);
+    cr_expect_eq(r.status, 200);
+    cr_expect(strstr(r.body, "# TYPE run_requests_total counter\nrun_requests_total 0\n"), "%s", r.body);
+    free(r.body);
+    r = http(&s, "GET", "/v1/nothing", NULL);
+    cr_expect_eq(r.status, 404);
+    cr_expect(strstr(r.body, "{\"error\":{\"message\":\"no such path: /v1/nothing"), "%s", r.body);
+    free(r.body);
+    r = http(&s, "GET", "/v1/completions", NULL);
+    cr_expect_eq(r.status, 405);
+    free(r.body);
+    server_stop(&s);
+}
+
+/* Greedy and seeded text through the server is the CLI's, and usage counts the tokens. */
+Test(serve, text_is_the_cli_text, .timeout = 180) {
+    Server s;
+    server_start(&s, "");
+    const char *prompt = "And God said";
+    char *want = cli_text(prompt, "-n 24 -t 0 -kv tbq4 -spec 0");
+    Reply r = http(&s, "POST", "/v1/completions",
+                   "{\"prompt\":\"And God said\",\"max_tokens\":24,\"temperature\":0,\"kv\":\"tbq4\"}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    char *got = json_str(r.body, "text");
+    cr_expect(got && !strcmp(got, want), "server '%s', cli '%s'", got, want);
+    int pt = -1, ct = -1, tt = -1;
+    const char *u = strstr(r.body, "\"usage\":{");
+    cr_expect(u && sscanf(u, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d", &pt, &ct,
+                          &tt) == 3 && pt > 0 && ct == 24 && tt == pt + ct, "%s", r.body);
+    cr_expect(strstr(r.body, "\"finish_reason\":\"length\""), "%s", r.body);
+    free(got), free(want), free(r.body);
+    want = cli_text(prompt, "-n 24 -t 0.9 -s 7 -spec 0");
+    r = http(&s, "POST", "/v1/completions",
+             "{\"prompt\":\"And God said\",\"max_tokens\":24,\"temperature\":0.9,\"seed\":7}");
+    got = json_str(r.body, "text");
+    cr_expect(got && !strcmp(got, want), "seeded: server '%s', cli '%s'", got, want);
+    free(got), free(want), free(r.body);
+    server_stop(&s);
+}
+
+typedef struct {
+    const Server *s;
+    const char *body;
+    Reply r;
+} Call;
+
+static void *call(void *p) {
+    Call *c = p;
+    c->r = http(c->s, "POST", "/v1/completions", c->body);
+    return NULL;
+}
+
+/* Requests computed together in one batch get what they get alone: a row's
+ * result does not depend on the rows beside it, whatever their schemes,
+ * on the Qwen3 model and on the Qwen3.5 hybrid (each sequence its own
+ * recurrent state). */
+static void check_batched(const char *model) {
+    Server s;
+    server_start_model(&s, model, "-np 4");
+    const char *bodies[] = {
+        "{\"prompt\":\"In the beginning\",\"max_tokens\":48,\"temperature\":0,\"kv\":\"f32\"}",
+        "{\"prompt\":\"And the LORD spake unto Moses, saying\",\"max_tokens\":40,\"temperature\":0,\"kv\":\"tbq4\"}",
+        "{\"prompt\":\"Blessed are\",\"max_tokens\":48,\"temperature\":0.8,\"seed\":3,\"kv\":\"kivi2\"}",
+        "{\"prompt\":\"The\",\"max_tokens\":44,\"temperature\":0,\"kv\":\"q8/q4\"}",
+    };
+    Call alone[4], together[4];
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) {
+        alone[i] = (Call){&s, bodies[i], {0, NULL}};
+        call(&alone[i]);
+        cr_assert_eq(alone[i].r.status, 200, "%s", alone[i].r.body);
+    }
+    for (int i = 0; i < 4; i++) {
+        together[i] = (Call){&s, bodies[i], {0, NULL}};
+        pthread_create(&t[i], NULL, call, &together[i]);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 4; i++) {
+        char *a = json_str(alone[i].r.body, "text"), *b = json_str(together[i].r.body, "text");
+        cr_expect(a && b && !strcmp(a, b), "%s, request %d: alone '%s', batched '%s'", model, i, a, b);
+        free(a), free(b), free(alone[i].r.body), free(together[i].r.body);
+    }
+    /* the second round did run batched: some steps had more than one row */
+    Reply m = http(&s, "GET", "/metrics", NULL);
+    const char *p = strstr(m.body, "\nrun_steps_total "), *q = strstr(m.body, "\nrun_step_rows_total ");
+    cr_assert(p && q, "%s", m.body);
+    long steps = atol(p + strlen("\nrun_steps_total ")), rows = atol(q + strlen("\nrun_step_rows_total "));
+    cr_expect(rows > steps + 16, "%s: no batching seen: %ld rows in %ld steps", model, rows, steps);
+    free(m.body);
+    server_stop(&s);
+}
+
+Test(serve, batched_requests_match_alone, .timeout = 240) { check_batched(MODEL); }
+Test(serve, batched_requests_match_alone_hybrid, .timeout = 240) { check_batched("models/qwen35-kjv-mtp"); }
+
+/* A stream carries the same text as the plain response, the role first,
+ * then finish_reason and usage, then [DONE]; a stop string ends both at
+ * the same place, and the stream never shows what comes after it. */
+Test(serve, stream_and_stop_strings, .timeout = 180) {
+    Server s;
+    server_start(&s, "");
+    const char *chat = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":"
+                       "\"Who made the light?\"}],\"max_tokens\":30,\"temperature\":0%s}";
+    char body[1024];
+    snprintf(body, sizeof body, chat, "");
+    Reply plain = http(&s, "POST", "/v1/chat/completions", body);
+    cr_assert_eq(plain.status, 200, "%s", plain.body);
+    char *want = json_str(plain.body, "content");
+    cr_assert(want && strlen(want) > 8, "%s", plain.body);
+    snprintf(body, sizeof body, chat, ",\"stream\":true");
+    Reply st = http(&s, "POST", "/v1/chat/completions", body);
+    cr_assert_eq(st.status, 200);
+    char *got = sse_text(st.body, "content");
+    cr_expect(!strcmp(got, want), "stream '%s', plain '%s'", got, want);
+    cr_expect(strstr(st.body, "\"delta\":{\"role\":\"assistant\""), "%s", st.body);
+    cr_expect(strstr(st.body, "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":"), "%s", st.body);
+    const size_t bl = strlen(st.body);
+    cr_expect(bl > 16 && !strcmp(st.body + bl - 14, "data: [DONE]\n\n"), "%s", st.body);
+    free(got), free(st.body);
+    /* a stop string from the middle of the reply: everything before it, finish_reason stop */
+    char stop[8] = {0};
+    memcpy(stop, want + 5, 3);
+    char esc[32], *e = esc;
+    for (const char *c = stop; *c; c++) {
+        if (*c == '"' || *c == '\\') *e++ = '\\';
+        if (*c == '\n') { *e++ = '\\'; *e++ = 'n'; continue; }
+        *e++ = *c;
+    }
+    *e = 0;
+    const size_t cut = (size_t)(strstr(want, stop) - want);
+    for (int stream = 0; stream < 2; stream++) {
+        char extra[128];
+        snprintf(extra, sizeof extra, ",\"stop\":[\"zzzz\",\"%s\"]%s", esc, stream ? ",\"stream\":true" : "");
+        snprintf(body, sizeof body, chat, extra);
+        Reply r = http(&s, "POST", "/v1/chat/completions", body);
+        char *t = stream ? sse_text(r.body, "content") : json_str(r.body, "content");
+        cr_expect(t && strlen(t) == cut && !strncmp(t, want, cut), "stop '%s' (stream %d): '%s' of '%s'", stop, stream,
+                  t, want);
+        cr_expect(strstr(r.body, "\"finish_reason\":\"stop\""), "%s", r.body);
+        free(t), free(r.body);
+    }
+    free(want), free(plain.body);
+    server_stop(&s);
+}
+
+/* Bad requests: a JSON error with the status and the field named. */
+Test(serve, bad_requests_are_named, .timeout = 120) {
+    Server s;
+    server_start(&s, "-c 128 --kv-mb 1");
+    const struct {
+        const char *path, *body, *says;
+        int status;
+    } cases[] = {
+        {"/v1/completions", "{", "the body is not JSON", 400},
+        {"/v1/completions", "[1]", "expected a JSON object", 400},
+        {"/v1/completions", "{\"max_tokens\":3}", "prompt: expected a string", 400},
+        {"/v1/completions", "{\"prompt\":\"x\",\"temperature\":\"hot\"}", "temperature: expected a number", 400},
+        {"/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2.5}", "max_tokens: expected an integer", 400},
+        {"/v1/completions", "{\"prompt\":\"x\",\"top_p\":0}", "top_p: expected a number in", 400},
+        {"/v1/completions", "{\"prompt\":\"x\",\"kv\":\"tbq9\"}", "kv: unknown scheme 'tbq9'", 400},
+        {"/v1/completions", "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop: expected", 400},
+        {"/v1/completions", "{\"prompt\":\"x\",\"n\":3}", "n: expected an integer in [1, 1]", 400},
+        {"/v1/completions", "{\"prompt\":\"x\",\"stream\":1}", "stream: expected true or false", 400},
+        {"/v1/completions", "{\"prompt\":\"\"}", "prompt: empty", 400},
+        {"/v1/chat/completions", "{\"messages\":[]}", "messages: expected an array of 1 to", 400},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages[0].role", 400},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
+         "messages[0].content[0]", 400},
+        {"/v1/completions", "{\"prompt\":\"x\",\"kv\":\"f32\",\"max_tokens\":120}", "more than the server's budget",
+         400},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        Reply r = http(&s, "POST", cases[i].path, cases[i].body);
+        cr_expect_eq(r.status, cases[i].status, "%s: status %d: %s", cases[i].body, r.status, r.body);
+        cr_expect(!strncmp(r.body, "{\"error\":{\"message\":", 20) && strstr(r.body, cases[i].says),
+                  "%s: expected '%s' in %s", cases[i].body, cases[i].says, r.body);
+        free(r.body);
+    }
+    /* a prompt longer than the context */
+    char lng[4096] = "{\"prompt\":\"";
+    for (int i = 0; i < 100; i++) strcat(lng, "In the beginning ");
+    strcat(lng, "\"}");
+    Reply r = http(&s, "POST", "/v1/completions", lng);
+    cr_expect_eq(r.status, 400, "%s", r.body);
+    cr_expect(strstr(r.body, "tokens do not fit the context of 128 (the server's -c)"), "%s", r.body);
+    free(r.body);
+    /* a body past the bound: 413 */
+    size_t big = (8u << 20) + 10;
+    char *b = malloc(big);
+    memset(b, ' ', big);
+    int fd = connect_to(s.port);
+    send_request(fd, "POST", "/v1/completions", b, big);
+    r = read_reply(fd);
+    cr_expect_eq(r.status, 413, "%s", r.body);
+    free(r.body), free(b);
+    /* after all that the server still answers */
+    r = http(&s, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}");
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    free(r.body);
+    server_stop(&s);
+}
+
+/* One slot and no queue: a second request while one runs is refused with
+ * 503; the first one's client hanging up frees the slot. */
+Test(serve, full_server_503_and_hangup_frees, .timeout = 120) {
+    Server s;
+    server_start(&s, "-np 1 --queue 0");
+    const char *lng = "{\"prompt\":\"x\",\"max_tokens\":400,\"stream\":true,\"temperature\":0}";
+    int fd = connect_to(s.port);
+    send_request(fd, "POST", "/v1/completions", lng, strlen(lng));
+    /* its first event means it holds the slot */
+    char buf[4096];
+    ssize_t got = 0, r;
+    while (got < (ssize_t)sizeof buf - 1 && (r = read(fd, buf + got, sizeof buf - 1 - (size_t)got)) > 0) {
+        got += r;
+        buf[got] = 0;
+        if (strstr(buf, "data: {")) break;
+    }
+    cr_assert(strstr(buf, "data: {"), "%s", buf);
+    Reply busy = http(&s, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}");
+    cr_expect_eq(busy.status, 503, "%s", busy.body);
+    cr_expect(strstr(busy.body, "\"type\":\"server_busy\"") && strstr(busy.body, "--queue"), "%s", busy.body);
+    free(busy.body);
+    close(fd);
+    /* within a few seconds the slot is free again */
+    int status = 0;
+    for (int i = 0; i < 100 && status != 200; i++) {
+        usleep(100000);
+        Reply ok = http(&s, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}");
+        status = ok.status;
+        free(ok.body);
+    }
+    cr_expect_eq(status, 200, "the slot stayed taken after the client left");
+    Reply m = http(&s, "GET", "/metrics", NULL);
+    cr_expect(strstr(m.body, "\nrun_requests_rejected_total "), "%s", m.body);
+    cr_expect(!strstr(m.body, "\nrun_requests_rejected_total 0\n"), "%s", m.body);
+    free(m.body);
+    server_stop(&s);
+}
+
+/* The command line: serve's own flags and what they do not go with. */
+Test(serve, usage_errors, .timeout = 60) {
+    if (!has_serve()) cr_skip_test("this ./run was built without libmicrohttpd");
+    const char *args[] = {MODEL " -m serve -i hello", MODEL " --port 8080", MODEL " -m serve -np 0",
+                          MODEL " -m serve --port 70000", MODEL " -m serve -dev cuda"};
+    const char *says[] = {"not -i or -f", "are for -m serve", "-np: expected", "--port: expected", "CPU only"};
+    for (int i = 0; i < 5; i++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>/tmp/run_serve_usage.%d", bin(), args[i], (int)getpid());
+        int st = system(cmd);
+        snprintf(cmd, sizeof cmd, "/tmp/run_serve_usage.%d", (int)getpid());
+        char *err = slurp(cmd, NULL);
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: exit %d", args[i], WEXITSTATUS(st));
+        cr_expect(strstr(err, says[i]), "%s: %s", args[i], err);
+        free(err);
+        remove(cmd);
+    }
+    /* an address in use: one line naming it, exit 1 */
+    Server s;
+    server_start(&s, "");
+    char cmd[512], path[128];
+    snprintf(path, sizeof path, "/tmp/run_serve_usage.%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s " MODEL " -m serve --port %d 2>%s", bin(), s.port, path);
+    int st = system(cmd);
+    char *err = slurp(path, NULL);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit %d: %s", WEXITSTATUS(st), err);
+    cr_expect(strstr(err, "error: --host 127.0.0.1 --port") && strstr(err, "in use"), "%s", err);
+    free(err);
+    remove(path);
+    server_stop(&s);
+}
