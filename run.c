@@ -809,8 +809,16 @@ static int run_ppl(Run *r, KVCache *kv) {
 
 static int run_logits(Run *r, KVCache *kv) {
     const int V = r->m.cfg.vocab_size, B = 64, n = r->ids.n;
-    FILE *f = fopen(r->a.out, "wb");
-    if (!f) { fprintf(stderr, "error: -o %s: cannot write: %s\n", r->a.out, strerror(errno)); return 1; }
+    /* a regular file is written beside itself and renamed at the end, so
+     * that an error leaves neither a partial file nor a clobbered old one;
+     * a pipe or a device is written as it is */
+    struct stat sb;
+    const int direct = stat(r->a.out, &sb) == 0 && !S_ISREG(sb.st_mode);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", r->a.out, (int)getpid());
+    const char *path = direct ? r->a.out : tmp;
+    FILE *f = fopen(path, "wb");
+    if (!f) { fprintf(stderr, "error: -o %s: cannot write: %s\n", path, strerror(errno)); return 1; }
     float *lg = malloc((size_t)B * V * sizeof(float));
     char err[1024];
     double t0 = now();
@@ -827,6 +835,11 @@ static int run_logits(Run *r, KVCache *kv) {
         }
     }
     if (fclose(f) != 0 && rc == 0) { fprintf(stderr, "error: -o %s: write failed\n", r->a.out); rc = 1; }
+    if (!direct && rc == 0 && rename(tmp, r->a.out)) {
+        fprintf(stderr, "error: -o %s: cannot write: %s\n", r->a.out, strerror(errno));
+        rc = 1;
+    }
+    if (!direct && rc) remove(tmp);
     r->st.prefill_s = now() - t0;
     r->st.prefill_tokens = n;
     free(lg);
@@ -920,7 +933,7 @@ static int sampler_open(Run *r, Sampler *smp) {
  * Ctrl-C or SIGTERM. */
 static int run_serve(Run *r) {
     const Args *a = &r->a;
-    char err[1024], name[256], kvname[128];
+    char err[1024] = "", name[256], kvname[128];
     /* the model's name: its folder's or file's, without the path */
     snprintf(name, sizeof name, "%s", r->src.path);
     size_t nl = strlen(name);

@@ -147,9 +147,13 @@ void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, fl
     attn_block(k, v, q, nq, 1, 0, scale, out, scratch);
 }
 
-void attn_group_ref(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out) {
+int attn_group_ref(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out) {
     const int d = k->d, len = k->len;
-    float *s = malloc((size_t)len * sizeof(float)), *x = malloc((size_t)d * sizeof(float));
+    float *s = malloc((size_t)(len ? len : 1) * sizeof(float)), *x = malloc((size_t)d * sizeof(float));
+    if (!s || !x) {
+        free(s), free(x);
+        return -1;
+    }
     for (int i = 0; i < nq; i++) {
         const float *qi = q + (size_t)i * d;
         float mx = -INFINITY, sum = 0;
@@ -170,4 +174,5 @@ void attn_group_ref(const KVStream *k, const KVStream *v, const float *q, int nq
     }
     free(s);
     free(x);
+    return 0;
 }

@@ -38,7 +38,7 @@ void attn_group(const KVStream *k, const KVStream *v, const float *q, int nq, fl
 void attn_block(const KVStream *k, const KVStream *v, const float *q, int nq, int ntok, size_t ld, float scale,
                 float *out, float *scratch);
 /* The same result computed the plain way (f32 dequantize, full softmax):
- * what tests hold attn_group to. */
-void attn_group_ref(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out);
+ * what tests hold attn_group to. 0 ok, -1 out of memory (out untouched). */
+int attn_group_ref(const KVStream *k, const KVStream *v, const float *q, int nq, float scale, float *out);
 
 #endif

@@ -108,8 +108,9 @@ int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs
         r->ppl = exp(nll[i] / (L - 1));
         r->kl = kl[i] / L;
         r->top1 = (double)same[i] / L;
-        r->greedy = i == 0 ? 1.0 : n_gen ? (double)agree / n_gen : 0;
-        r->decode_tps = dt > 0 ? n_gen / dt : 0;
+        /* no greedy tokens (-n 0): nothing measured, NaN (printed "-", null in JSON) */
+        r->greedy = !n_gen ? NAN : i == 0 ? 1.0 : (double)agree / n_gen;
+        r->decode_tps = !n_gen ? NAN : dt > 0 ? n_gen / dt : 0;
     }
     /* f16's footprint, for the ratio column, from the model's shape */
     double f16 = 2.0 * kv[0].n_layers * m->cfg.n_kv_heads * d * 2;
@@ -130,10 +131,15 @@ void compare_print(FILE *f, const CompareRow *r, int n, const char *model, int n
     fprintf(f, "| scheme | weights | K bits | V bits | KV bytes/token | vs f16 | ppl | dppl %% | KL | top-1 | greedy "
                "| decode tok/s |\n");
     fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (int i = 0; i < n; i++)
-        fprintf(f, "| %s | %s | %.3g | %.3g | %.0f | %.2fx | %.4f | %+.2f | %.5f | %.1f%% | %.1f%% | %.1f |\n", r[i].name,
-                r[i].weights, r[i].k_bits, r[i].v_bits, r[i].bytes_per_token, r[i].ratio_f16, r[i].ppl, r[i].dppl_pct, r[i].kl,
-                100 * r[i].top1, 100 * r[i].greedy, r[i].decode_tps);
+    for (int i = 0; i < n; i++) {
+        /* the greedy columns read "-" when no greedy tokens were asked for */
+        char greedy[16] = "-", tps[16] = "-";
+        if (!isnan(r[i].greedy)) snprintf(greedy, sizeof greedy, "%.1f%%", 100 * r[i].greedy);
+        if (!isnan(r[i].decode_tps)) snprintf(tps, sizeof tps, "%.1f", r[i].decode_tps);
+        fprintf(f, "| %s | %s | %.3g | %.3g | %.0f | %.2fx | %.4f | %+.2f | %.5f | %.1f%% | %s | %s |\n", r[i].name,
+                r[i].weights, r[i].k_bits, r[i].v_bits, r[i].bytes_per_token, r[i].ratio_f16, r[i].ppl, r[i].dppl_pct,
+                r[i].kl, 100 * r[i].top1, greedy, tps);
+    }
 }
 
 /* Sums for one layer: squared errors and norms, cosine sums and counts. */

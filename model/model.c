@@ -1108,6 +1108,7 @@ int model_forward_batch(Model *m, ModelSeq *seqs, int nseq, char *err, size_t er
     /* every check before anything runs, so that a refused batch leaves
      * every cache as it was */
     int rows = 0, k = 0;
+    for (int i = 0; i < nseq; i++) seqs[i].failed = 0;
     for (int i = 0; i < nseq; i++) {
         if (seq_check(m, seqs[i].kv, seqs[i].tokens, seqs[i].n, why, sizeof why)) {
             snprintf(err, errlen, "sequence %d: %s", i, why);
@@ -1147,18 +1148,28 @@ int model_forward_batch(Model *m, ModelSeq *seqs, int nseq, char *err, size_t er
         row += seqs[i].n;
     }
     int bad = forward_chunk(m, segs, nseq, lg, 0, NULL);
-    /* lg [k, V] in sequence order, to the sequences that asked */
-    for (int i = 0, j = 0; i < nseq; i++)
-        if (seqs[i].logits) memcpy(seqs[i].logits, lg + (size_t)j++ * V, (size_t)V * sizeof(float));
-    free(lg);
-    for (int i = 0; bad >= 0 && i < nseq; i++)
-        if (bad < segs[i].row + segs[i].n) {
+    /* lg [k, V] in sequence order, to the sequences that asked; when some
+     * row was not finite, each sequence's rows (post-norm states in xb, and
+     * its logits) are looked at on their own, since the others' are good */
+    int first = -1;
+    for (int i = 0, j = 0; i < nseq; i++) {
+        seqs[i].failed = 0;
+        const float *li = seqs[i].logits ? lg + (size_t)j++ * V : NULL;
+        if (li) memcpy(seqs[i].logits, li, (size_t)V * sizeof(float));
+        if (bad < 0) continue;
+        int r = bad_row(m->s.xb + (size_t)segs[i].row * m->cfg.hidden, segs[i].n, m->cfg.hidden);
+        if (r < 0 && li && bad_row(li, 1, V) == 0) r = segs[i].n - 1;
+        if (r < 0) continue;
+        seqs[i].failed = 1;
+        if (first < 0) {
             char what[32];
             snprintf(what, sizeof what, "sequence %d", i);
-            nonfinite_error(m, what, segs[i].pos + bad - segs[i].row, err, errlen);
-            return -1;
+            nonfinite_error(m, what, segs[i].pos + r, err, errlen);
+            first = i;
         }
-    return 0;
+    }
+    free(lg);
+    return first < 0 ? 0 : -1;
 }
 
 int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,

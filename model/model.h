@@ -166,6 +166,8 @@ typedef struct {
     const int *tokens;  /* [n] */
     int n;              /* >= 1 */
     float *logits;      /* NULL, or [V]: the logits of its last token */
+    int failed;         /* out: 1 when its outputs were not finite (the call returns -1; the
+                         * sequences without it got their results all the same) */
 } ModelSeq;
 /* Readies a thread other than model_load's to run this model's forwards
  * (a server's engine): its matmul buffers grown as model_load grew the
@@ -183,8 +185,10 @@ int model_batch_rows(const Model *m);
  * gives it alone, bit for bit. Everything is checked before anything
  * runs, so a refused batch changes no cache. 0 ok; -1 with one line in err
  * (naming the sequence index) on a bad token, a full context, too many
- * rows, the same cache twice, non-finite outputs, a journal kept
- * (Model.journal) or a model on the GPU with more than one sequence. */
+ * rows, the same cache twice, a journal kept (Model.journal) or a model on
+ * the GPU with more than one sequence; or, after the forward, on
+ * non-finite outputs, with failed set on the sequences that had them (the
+ * others' logits and caches are as good as after a 0). */
 int model_forward_batch(Model *m, ModelSeq *seqs, int nseq, char *err, size_t errlen);
 
 /* Runs the MTP head on n rows at MTP positions [p, p+n), p = kv_cache_len(mkv)

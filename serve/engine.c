@@ -69,16 +69,21 @@ static int text_put(Job *j, const char *s, size_t n) {
  * ends it there (1); else ready moves up to what no stop string could
  * still take back, the longest tail that begins one being held (0). */
 static int stop_check(Job *j, size_t from) {
-    size_t held = 0;
+    /* the earliest match of any stop string ends the text */
+    size_t cut = j->len + 1, held = 0;
     for (int s = 0; s < j->rq.n_stop; s++) {
         const char *st = j->rq.stop[s];
         const size_t sl = strlen(st), start = from >= sl ? from - sl + 1 : 0;
-        if (j->len >= sl)
-            for (size_t p = start; p + sl <= j->len; p++)
-                if (memcmp(j->text + p, st, sl) == 0) {
-                    j->len = p;
-                    return 1;
-                }
+        for (size_t p = start; p + sl <= j->len && p < cut; p++)
+            if (memcmp(j->text + p, st, sl) == 0) cut = p;
+    }
+    if (cut <= j->len) {
+        j->len = cut;
+        return 1;
+    }
+    for (int s = 0; s < j->rq.n_stop; s++) {
+        const char *st = j->rq.stop[s];
+        const size_t sl = strlen(st);
         for (size_t k = sl - 1 < j->len ? sl - 1 : j->len; k > held; k--)
             if (memcmp(j->text + j->len - k, st, k) == 0) {
                 held = k;
@@ -90,16 +95,15 @@ static int stop_check(Job *j, size_t from) {
 }
 
 /* Moves queued jobs into free slots while the budget allows, in arrival
- * order (the lock held). A job whose client left is ended on the way. */
+ * order (the lock held). */
 static void admit(Engine *e) {
     while (e->queue_head) {
         Job *j = e->queue_head;
         const double need = model_cache_bytes(e->m, &j->spec, j->cap);
-        if (!j->cancelled && (e->n_active == e->o.parallel || e->used + need > e->o.budget)) return;
+        if (e->n_active == e->o.parallel || e->used + need > e->o.budget) return;
         e->queue_head = j->next_q;
         if (!e->queue_head) e->queue_tail = NULL;
         e->n_queued--;
-        if (j->cancelled) { job_end(e, j, "stop", NULL); continue; }
         char err[512];
         if (model_kv_init(e->m, &j->kv, &j->spec, j->cap, 0, err, sizeof err)) {
             job_end(e, j, NULL, err);
@@ -150,8 +154,9 @@ static void take_token(Engine *e, Job *j, int x) {
     size_t w = tok_stream_put(e->tok, &j->ts, x, e->piece, e->piece_cap), from = j->len;
     if (w != (size_t)-1 && text_put(j, e->piece, w)) { job_end(e, j, NULL, "out of memory for the text"); return; }
     if (stop_check(j, from)) { job_end(e, j, "stop", NULL); return; }
-    /* the next step feeds x: it needs a position */
-    if (j->n_gen >= j->max_tokens || kv_cache_len(&j->kv) >= j->kv.cap) {
+    /* max_tokens was cut to the context at submission, so a job that may
+     * go on always has a position for x */
+    if (j->n_gen >= j->max_tokens) {
         w = tok_stream_flush(&j->ts, e->piece, e->piece_cap);
         from = j->len;
         if (w != (size_t)-1 && text_put(j, e->piece, w)) { job_end(e, j, NULL, "out of memory for the text"); return; }
@@ -173,7 +178,9 @@ static void step(Engine *e) {
             Job *j = e->active[i];
             if (!j || (j->fed < j->n_ids) != pass) continue;
             const int n = pass ? (j->n_ids - j->fed < cap - rows ? j->n_ids - j->fed : cap - rows) : 1;
-            e->seqs[ns] = (ModelSeq){&j->kv, pass ? j->ids + j->fed : &j->next, n, e->logits + (size_t)ns * V};
+            /* a prompt slice that does not end its prompt needs no logits */
+            float *lg = pass && j->fed + n < j->n_ids ? NULL : e->logits + (size_t)ns * V;
+            e->seqs[ns] = (ModelSeq){&j->kv, pass ? j->ids + j->fed : &j->next, n, lg, 0};
             e->in_step[ns++] = j;
             rows += n;
         }
@@ -182,19 +189,24 @@ static void step(Engine *e) {
     e->st.step_rows += rows;
     pthread_mutex_unlock(&e->mu);
     char err[1024];
-    int rc = model_forward_batch(e->m, e->seqs, ns, err, sizeof err);
+    int rc = model_forward_batch(e->m, e->seqs, ns, err, sizeof err), some = 0;
+    /* non-finite outputs end only the sequences that had them (the others'
+     * rows are good); any other failure leaves the caches part-written, and
+     * every job in the step ends */
+    for (int i = 0; rc && i < ns; i++) some |= e->seqs[i].failed;
     int *tok = (int *)malloc((size_t)ns * sizeof(int));
-    for (int i = 0; !rc && tok && i < ns; i++) {
+    for (int i = 0; (!rc || some) && tok && i < ns; i++) {
         Job *j = e->in_step[i];
         /* a prompt slice that does not end the prompt samples nothing */
-        if (e->seqs[i].tokens != &j->next && j->fed + e->seqs[i].n < j->n_ids) tok[i] = -1;
-        else tok[i] = sampler_sample(&j->smp, e->seqs[i].logits);
+        tok[i] = e->seqs[i].logits && !e->seqs[i].failed ? sampler_sample(&j->smp, e->seqs[i].logits) : -1;
     }
     pthread_mutex_lock(&e->mu);
     for (int i = 0; i < ns; i++) {
         Job *j = e->in_step[i];
-        /* a failed forward leaves the caches part-written: every job in it ends */
-        if (rc || !tok) { job_end(e, j, NULL, rc ? err : "out of memory"); continue; }
+        if ((rc && (!some || e->seqs[i].failed)) || !tok) {
+            job_end(e, j, NULL, !tok ? "out of memory" : err);
+            continue;
+        }
         if (e->seqs[i].tokens != &j->next) {
             j->fed += e->seqs[i].n;
             e->st.prompt_tokens += e->seqs[i].n;
@@ -260,6 +272,8 @@ int engine_init(Engine *e, Model *m, const Tokenizer *tok, const EngineOpts *o, 
     int rc = pthread_create(&e->thread, NULL, engine_main, e);
     if (rc) {
         snprintf(err, errlen, "cannot start the engine's thread: %s", strerror(rc));
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->work);
         engine_free(e);
         return -1;
     }
@@ -299,16 +313,34 @@ void engine_free(Engine *e) {
     memset(e, 0, sizeof *e);
 }
 
+/* The job's condition variable, on the monotonic clock (engine_wait's
+ * timeouts do not stretch when the wall clock jumps). */
+static void job_cond_init(Job *j) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cond, &a);
+    pthread_condattr_destroy(&a);
+}
+
+void engine_job_done(Job *j, const char *finish) {
+    job_cond_init(j);
+    j->finish = finish;
+    j->state = JOB_DONE;
+    j->refs = 1;
+}
+
 int engine_submit(Engine *e, Job *j) {
     pthread_mutex_lock(&e->mu);
     e->st.requests++;
     /* a free slot takes the job at once: it waits only behind full slots */
-    if (e->stopping || e->n_queued >= e->o.queue + (e->o.parallel - e->n_active)) {
-        e->st.rejected++;
+    const int rc = e->stopping ? -2 : e->n_queued >= e->o.queue + (e->o.parallel - e->n_active) ? -1 : 0;
+    if (rc) {
+        e->st.rejected += rc == -1;
         pthread_mutex_unlock(&e->mu);
-        return -1;
+        return rc;
     }
-    pthread_cond_init(&j->cond, NULL);
+    job_cond_init(j);
     j->state = JOB_QUEUED;
     j->refs = 2;
     j->t_submit = now_s();
@@ -324,7 +356,16 @@ int engine_submit(Engine *e, Job *j) {
 
 void engine_release(Engine *e, Job *j) {
     pthread_mutex_lock(&e->mu);
-    if (j->state != JOB_DONE) {
+    if (j->state == JOB_QUEUED) {
+        /* still waiting: it leaves the queue now, so that it holds no place there */
+        Job **p = &e->queue_head, *prev = NULL;
+        while (*p != j) prev = *p, p = &(*p)->next_q;
+        *p = j->next_q;
+        if (e->queue_tail == j) e->queue_tail = prev;
+        e->n_queued--;
+        job_end(e, j, "stop", NULL);
+    } else if (j->state == JOB_RUNNING) {
+        /* in a slot: the engine ends it before its next step */
         j->cancelled = 1;
         pthread_cond_signal(&e->work);
     }
@@ -334,7 +375,7 @@ void engine_release(Engine *e, Job *j) {
 
 int engine_wait(Engine *e, Job *j, size_t *sent, char **out, size_t *n, double timeout) {
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
+    clock_gettime(CLOCK_MONOTONIC, &until);
     const double t = until.tv_nsec * 1e-9 + timeout;
     until.tv_sec += (time_t)floor(t);
     until.tv_nsec = (long)((t - floor(t)) * 1e9);

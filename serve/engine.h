@@ -52,7 +52,7 @@ typedef struct Job {
     int n_gen;            /* tokens generated */
     const char *finish;   /* "stop" or "length" once done; NULL with err on failure */
     char err[512];
-    int cancelled;        /* the client went away */
+    int cancelled;        /* the client went away while it ran */
     int refs;             /* the engine's and the connection's */
     double t_submit, t_first; /* when queued, when its first token came */
     pthread_cond_t cond;  /* signalled when text, or the end, comes */
@@ -108,10 +108,15 @@ void engine_stop(Engine *e);
 /* Stops the engine if it runs, and frees it. */
 void engine_free(Engine *e);
 /* Queues j (its fields above "the engine's own" set; refs is set here to
- * 2). 0 queued; -1 the queue is full (j untouched, the caller still owns it). */
+ * 2). 0 queued; -1 the queue is full, -2 the engine is stopping (j
+ * untouched then, the caller still owns it). */
 int engine_submit(Engine *e, Job *j);
-/* Drops the caller's reference to j; marks it cancelled when it is not
- * done (the engine then ends it at its next step and frees it). */
+/* Makes j a job done before it starts (max_tokens 0), never submitted:
+ * engine_wait returns at once, engine_release frees it. */
+void engine_job_done(Job *j, const char *finish);
+/* Drops the caller's reference to j (the last one frees it). A job not
+ * done is cancelled: a queued one leaves the queue now, a running one is
+ * ended before the engine's next step. */
 void engine_release(Engine *e, Job *j);
 /* Waits until j has text past *sent or is done, up to timeout seconds.
  * Copies the new ready text into a malloc'd *out (*n bytes, NULL when

@@ -55,7 +55,7 @@ typedef struct {
     Server *s;
     Job *j;
     struct MHD_Connection *c;
-    int chat, ended;
+    int chat, ended, role_sent;
     long id;
     long created;
     size_t sent;
@@ -181,8 +181,9 @@ static int client_gone(struct MHD_Connection *c) {
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
-/* The stream's content callback: formatted bytes first, then the job's
- * next text as a chunk event, at its end the last chunk and [DONE]. */
+/* The stream's content callback: formatted bytes first; a chat's first
+ * event, at once, gives the role (as OpenAI's does); then the job's next
+ * text as a chunk event, at its end the last chunk and [DONE]. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     Stream *st = cls;
@@ -191,20 +192,22 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         free(st->out);
         st->out = NULL;
         st->out_len = st->out_off = 0;
-        char *piece;
-        size_t n;
-        int done = engine_wait(&st->s->e, st->j, &st->sent, &piece, &n, WAIT_S);
-        if (!piece && !done) {
+        char *piece = NULL;
+        size_t n = 0;
+        int done = 0;
+        if (!st->chat || st->role_sent) done = engine_wait(&st->s->e, st->j, &st->sent, &piece, &n, WAIT_S);
+        if (!piece && !done && (!st->chat || st->role_sent)) {
             if (client_gone(st->c)) return MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }
         Text t;
         FILE *f = text_open(&t);
-        if (f && n) {
+        if (f && (n || (st->chat && !st->role_sent))) {
             fprintf(f, "data: ");
             put_head(f, st->s, st->chat, 1, st->id, st->created);
-            put_choice(f, st->chat, 1, st->sent == n, piece, n, NULL);
+            put_choice(f, st->chat, 1, st->chat && !st->role_sent, piece ? piece : "", n, NULL);
             fprintf(f, "}\n\n");
+            st->role_sent = 1;
         }
         if (f && done) {
             const Job *j = st->j;
@@ -215,7 +218,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             } else {
                 fprintf(f, "data: ");
                 put_head(f, st->s, st->chat, 1, st->id, st->created);
-                put_choice(f, st->chat, 1, j->len == 0, "", 0, j->finish);
+                put_choice(f, st->chat, 1, 0, "", 0, j->finish);
                 fprintf(f, ",");
                 put_usage(f, j);
                 fprintf(f, "}\n\n");
@@ -253,7 +256,8 @@ static enum MHD_Result send_result(Server *s, struct MHD_Connection *c, Job *j, 
         done = engine_wait(&s->e, j, &sent, &piece, &n, WAIT_S);
         if (piece && acc) fwrite(piece, 1, n, acc);
         free(piece);
-        if (!done && !piece && client_gone(c)) {
+        /* every WAIT_S at most, text or not */
+        if (!done && client_gone(c)) {
             text_close(&all);
             free(all.buf);
             engine_release(&s->e, j);
@@ -295,14 +299,18 @@ static enum MHD_Result generate(Server *s, struct MHD_Connection *c, const Conn 
     const size_t plen = strlen(j->rq.prompt);
     int bad = 0;
     const char *why = NULL;
-    /* tok_encode needs room for 3 ids per byte at most (tokenizer.h) */
-    if (!(j->ids = malloc((3 * plen + 8) * sizeof(int))) ||
-        (j->n_ids = tok_encode(s->tok, j->rq.prompt, plen, j->ids, (int)(3 * plen + 8))) < 0)
+    /* tok_encode needs room for 3 ids per byte at most (tokenizer.h), but
+     * a prompt of ctx tokens is refused anyway: no more room than that */
+    const int room = 3 * plen + 8 < (size_t)o->ctx ? (int)(3 * plen + 8) : o->ctx;
+    if (!(j->ids = malloc((size_t)room * sizeof(int)))) bad = 500, why = "out of memory for the prompt's tokens";
+    else if ((j->n_ids = tok_encode(s->tok, j->rq.prompt, plen, j->ids, room)) < 0 && room < o->ctx)
         bad = 500, why = "out of memory for the prompt's tokens";
     else if (j->n_ids == 0) bad = 400, why = chat ? "messages: the prompt is empty" : "prompt: empty";
-    else if (j->n_ids >= o->ctx) {
-        snprintf(err, sizeof err, "%s: %d tokens do not fit the context of %d (the server's -c) with room to reply",
-                 chat ? "messages" : "prompt", j->n_ids, o->ctx);
+    else if (j->n_ids < 0 || j->n_ids >= o->ctx) {
+        /* n_ids < 0: more than the room of ctx */
+        if (j->n_ids < 0) j->n_ids = o->ctx;
+        snprintf(err, sizeof err, "%s: %s%d tokens do not fit the context of %d (the server's -c) with room to reply",
+                 chat ? "messages" : "prompt", j->n_ids == o->ctx ? "at least " : "", j->n_ids, o->ctx);
         bad = 400, why = err;
     } else if (model_check_input(s->m, j->ids, j->n_ids, err, sizeof err)) bad = 400, why = err;
     if (!bad) {
@@ -352,18 +360,18 @@ static enum MHD_Result generate(Server *s, struct MHD_Connection *c, const Conn 
     }
     /* max_tokens 0: the prompt is checked, nothing is computed; the job
      * is done before it starts, and the connection's release frees it */
-    if (j->max_tokens == 0) {
-        pthread_cond_init(&j->cond, NULL);
-        j->finish = "length";
-        j->state = JOB_DONE;
-        j->refs = 1;
-    } else if (engine_submit(&s->e, j)) {
+    int sub = 0;
+    if (j->max_tokens == 0) engine_job_done(j, "length");
+    else if ((sub = engine_submit(&s->e, j))) {
         request_free(&j->rq);
         free(j->ids);
         free(j);
+        if (sub == -2) return send_error(c, 503, "the server is stopping");
         snprintf(err, sizeof err, "the server is busy: %d requests wait already (--queue); try again later", o->queue);
         return send_error(c, 503, err);
     }
+    /* waiting in the queue and the prompt may take long: no idle timeout */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)0);
     if (!rq->stream) return send_result(s, c, j, chat);
     Stream *st = calloc(1, sizeof *st);
     if (!st) {
@@ -483,7 +491,10 @@ static int listen_on(const char *host, int port, int *bound, char *err, size_t e
     int fd = -1;
     for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
         fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) continue;
+        if (fd < 0) {
+            snprintf(err, errlen, "--host %s --port %d: %s", host, port, strerror(errno));
+            continue;
+        }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         if (bind(fd, a->ai_addr, a->ai_addrlen) || listen(fd, 128)) {

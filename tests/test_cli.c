@@ -151,6 +151,19 @@ static double cell(const char *out, const char *prefix, int k) {
     return strtod(r, NULL);
 }
 
+/* -m compare -n 0 measures no greedy tokens: its greedy and speed columns
+ * say "-", not 0.0% (which would read as every token differing). */
+Test(cli, compare_without_greedy_tokens) {
+    char *out, *err;
+    cr_assert_eq(run("tests/data/fixtures/tiny -m compare -i 'a few words to score' -n 0 -kv f16", &out, &err), 0, "%s",
+                 err);
+    cr_expect(strstr(out, "| f32 | stored |") && strstr(out, "| f16 | stored |"), "%s", out);
+    const char *f16 = strstr(out, "| f16 | stored |");
+    const char *end = f16 ? strchr(f16, '\n') : NULL;
+    cr_expect(end && end - 9 >= f16 && !strncmp(end - 9, "| - | - |", 9), "greedy and speed not '-': %s", out);
+    free(out), free(err);
+}
+
 /* -m compare: rows name their weights; with -wq q8 the f32 reference keeps
  * the stored weights and f32 on q8 weights shows the weights' cost alone. */
 Test(cli, compare_rows_name_their_weights) {

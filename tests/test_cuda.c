@@ -360,7 +360,7 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
             }
             if (t >= pos) {
                 const size_t at = ((size_t)(t - pos) * nh + h * gqa) * hd;
-                attn_group_ref(&ks, &vs, q + at, gqa, 1.0f / sqrtf((float)hd), want + at);
+                cr_assert_eq(attn_group_ref(&ks, &vs, q + at, gqa, 1.0f / sqrtf((float)hd), want + at), 0);
             }
         }
         /* q8: the CPU's tiles are the GPU's, byte for byte */

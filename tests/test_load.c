@@ -456,7 +456,7 @@ static void poke(const char *path, const char *name, size_t idx, unsigned bits) 
  * the tensor, instead of printing token 0 (or "ppl nan") and exiting 0. */
 Test(load, non_finite_weights_are_named) {
     const char *d = copy_fixture("tiny");
-    char p[512], a[512];
+    char p[512], a[1024];
     snprintf(p, sizeof p, "%s/model.safetensors", d);
     poke(p, "model.layers.0.mlp.down_proj.weight", 5, 0x7FC0);
     const char *modes[] = {"-i hi -n 4", "-m ppl -i 'some words to score'", "-m logits -i hi -o /dev/null",
@@ -466,6 +466,16 @@ Test(load, non_finite_weights_are_named) {
         expect_fail(1, a, "non-finite values at position 0: tensor \"model.layers.0.mlp.down_proj.weight\"",
                     "holds a NaN or an infinity");
     }
+    /* a failed -m logits leaves the file it was to write as it was, and no partial one beside it */
+    sh("printf keep > '%s/old.bin'", d);
+    snprintf(a, sizeof a, "%s -m logits -i hi -o %s/old.bin", d, d);
+    expect_fail(1, a, "non-finite values at position 0", NULL);
+    char path[600];
+    snprintf(path, sizeof path, "%s/old.bin", d);
+    char *kept = slurp(path, NULL);
+    cr_expect_str_eq(kept, "keep", "a failed -m logits changed its -o file");
+    free(kept);
+    sh("test -z \"$(ls '%s' | grep old.bin.tmp)\"", d); /* no partial logits file left behind */
     snprintf(a, sizeof a, "%s -i hi -n 4 -wq q8", d);
     expect_fail(1, a, "q8 weights: model.layers.0.mlp.down_proj.weight holds a NaN or an infinity", NULL);
     /* an infinity in an embedding row the prompt looks up (tied: the lm_head too) */

@@ -241,10 +241,10 @@ static void check_batch(const char *fixture, const char *scheme) {
     const int V = m.cfg.vocab_size;
     float *la = malloc((size_t)2 * V * sizeof(float));
     int bad[2] = {ids[0], V};
-    ModelSeq seqs[3] = {{&a[0], ids, 1, la}, {&a[1], ids, 2, NULL}, {&a[2], bad, 2, la + V}};
+    ModelSeq seqs[3] = {{&a[0], ids, 1, la, 0}, {&a[1], ids, 2, NULL, 0}, {&a[2], bad, 2, la + V, 0}};
     cr_expect_eq(model_forward_batch(&m, seqs, 3, err, sizeof err), -1);
     cr_expect(strstr(err, "sequence 2") && strstr(err, "token id"), "%s", err);
-    seqs[2] = (ModelSeq){&a[0], ids, 1, NULL};
+    seqs[2] = (ModelSeq){&a[0], ids, 1, NULL, 0};
     cr_expect_eq(model_forward_batch(&m, seqs, 3, err, sizeof err), -1);
     cr_expect(strstr(err, "sequence 2: the same cache as sequence 0") != NULL, "%s", err);
     for (int i = 0; i < 3; i++) cr_expect_eq(kv_cache_len(&a[i]), at[i], "refused batch moved cache %d", i);
@@ -271,7 +271,7 @@ Test(model, batch_over_its_rows_is_refused) {
     cr_assert_eq(model_kv_init(&m, &b, &spec, 512, 0, err, sizeof err), 0, "%s", err);
     const int rows = model_batch_rows(&m);
     int *ids = calloc((size_t)rows, sizeof(int));
-    ModelSeq seqs[2] = {{&a, ids, rows - 1, NULL}, {&b, ids, 2, NULL}};
+    ModelSeq seqs[2] = {{&a, ids, rows - 1, NULL, 0}, {&b, ids, 2, NULL, 0}};
     cr_expect_eq(model_forward_batch(&m, seqs, 2, err, sizeof err), -1);
     cr_expect(strstr(err, "sequence 1") && strstr(err, "model_batch_rows"), "%s", err);
     cr_expect(kv_cache_len(&a) == 0 && kv_cache_len(&b) == 0);
@@ -279,5 +279,38 @@ Test(model, batch_over_its_rows_is_refused) {
     cr_expect_eq(model_forward_batch(&m, seqs, 2, err, sizeof err), 0, "%s", err);
     free(ids);
     kv_cache_free(&a), kv_cache_free(&b);
+    model_free(&m);
+}
+
+/* Non-finite outputs in one sequence of a batch (a NaN embedding row that
+ * only its token looks up, on the untied small fixture) fail that one: it
+ * is marked, the call returns -1 naming it, and the other sequences'
+ * logits are what they get alone. */
+Test(model, batch_names_the_sequence_that_went_non_finite) {
+    Model m;
+    KVCache a, b, c;
+    char err[512];
+    open_model(&m, &a, "small", "f32", 64, 0);
+    KVSpec spec = a.spec;
+    cr_assert_eq(model_kv_init(&m, &b, &spec, 64, 0, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_kv_init(&m, &c, &spec, 64, 0, err, sizeof err), 0, "%s", err);
+    const int V = m.cfg.vocab_size, good[2] = {11, 12}, poisoned = 7;
+    float *want = malloc((size_t)V * sizeof(float)), *la = malloc((size_t)2 * V * sizeof(float));
+    cr_assert_eq(model_forward(&m, &c, good, 2, want, 0, NULL, err, sizeof err), 0, "%s", err);
+    /* the lookups read an f32 copy of the embedding with one row of NaN */
+    const Weight stored = m.embed;
+    const int H = m.cfg.hidden;
+    float *emb = malloc((size_t)V * H * sizeof(float));
+    for (int r = 0; r < V; r++) weight_row(&stored, r, emb + (size_t)r * H);
+    for (int j = 0; j < H; j++) emb[(size_t)poisoned * H + j] = NAN;
+    m.embed = (Weight){.data = emb, .dtype = DT_F32, .rows = V, .cols = H};
+    ModelSeq seqs[2] = {{&a, good, 2, la, 0}, {&b, &poisoned, 1, la + V, 0}};
+    cr_expect_eq(model_forward_batch(&m, seqs, 2, err, sizeof err), -1);
+    cr_expect(strstr(err, "sequence 1: non-finite values at position 0") != NULL, "%s", err);
+    cr_expect(!seqs[0].failed && seqs[1].failed);
+    cr_expect_eq(memcmp(la, want, (size_t)V * sizeof(float)), 0, "the good sequence's logits changed");
+    m.embed = stored;
+    free(emb), free(want), free(la);
+    kv_cache_free(&a), kv_cache_free(&b), kv_cache_free(&c);
     model_free(&m);
 }
