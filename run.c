@@ -136,11 +136,11 @@ static void usage(FILE *f) {
             "                   pack); anywhere among the options, or as --model MODEL; default:\n"
             "                   " DEFAULT_MODEL " beside ./run\n"
             "  -m MODE          generate (default) | chat | tokenize | detokenize | logits | ppl | compare |\n"
-            "                   kvstats | pack"
 #ifdef USE_SERVE
-            " | serve"
+            "                   kvstats | pack | serve                                     (--mode)\n"
+#else
+            "                   kvstats | pack                                             (--mode)\n"
 #endif
-            "                                             (--mode)\n"
             "  -i TEXT          prompt; chat: the first message; detokenize: token ids     (--prompt)\n"
             "  -f FILE          the same from a file (a pipe or /dev/stdin works)          (--file)\n"
             "  -n N             tokens to generate, -1 = until the end of text (default 256; chat: per\n"

@@ -149,6 +149,34 @@ static int read_stop(const Json *s, Request *r, char *err, size_t errlen) {
     return 0;
 }
 
+/* Fields whose request this engine cannot honour, set to anything but
+ * their "off" value: refused by name rather than ignored, since a client
+ * that asks for tool calls, log-probabilities or a JSON schema and gets
+ * plain text back has been answered wrongly. */
+static int refuse_unsupported(const Json *o, char *err, size_t errlen) {
+    static const char *const fields[] = {"logprobs", "top_logprobs", "tools", "functions", "tool_choice",
+                                         "response_format", "echo", "best_of", "suffix", "logit_bias"};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        const Json *v = json_get(o, fields[i]);
+        if (!v) continue;
+        /* off: null, false, 0 or 1 (best_of), "", [], {}, "none" / "auto" (tool_choice without tools),
+         * {"type": "text"} (response_format) */
+        int off = v->type == JSON_NULL || (v->type == JSON_BOOL && !v->boolean) ||
+                  (v->type == JSON_NUMBER && (v->number == 0 || (!strcmp(fields[i], "best_of") && v->number == 1))) ||
+                  ((v->type == JSON_STRING || v->type == JSON_ARRAY || v->type == JSON_OBJECT) && v->len == 0);
+        if (!strcmp(fields[i], "tool_choice") && v->type == JSON_STRING)
+            off |= !strcmp(v->str, "none") || !strcmp(v->str, "auto");
+        const char *type = json_get_str(v, "type");
+        if (!strcmp(fields[i], "response_format") && type && !strcmp(type, "text")) off = 1;
+        if (!off) {
+            snprintf(err, errlen, "%s: not supported by this server (plain text generation only); leave it out",
+                     fields[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The sampling and length fields. */
 static int read_settings(const Json *o, Request *r, char *err, size_t errlen) {
     double v = 0;
@@ -195,7 +223,7 @@ int request_parse(const char *body, size_t n, int chat, int thinking, int open_t
                  json_type_name(o->type));
         goto out;
     }
-    if (read_settings(o, r, err, errlen)) goto out;
+    if (refuse_unsupported(o, err, errlen) || read_settings(o, r, err, errlen)) goto out;
     /* the scheme's name; serve/http.c parses it (kv_spec_parse), so that
      * this file needs only the JSON reader and the chat template */
     const Json *kv = json_get(o, "kv");

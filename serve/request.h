@@ -13,7 +13,10 @@
  * top_k, min_p, seed, stop (a string or up to 4), stream, n (1 only),
  * frequency_penalty, presence_penalty, repetition_penalty, and two
  * extensions: kv (the KV scheme, as -kv takes it) and
- * chat_template_kwargs.enable_thinking.
+ * chat_template_kwargs.enable_thinking. Fields asking for what plain text
+ * generation cannot give (logprobs, top_logprobs, tools, functions,
+ * tool_choice, response_format, echo, best_of, suffix, logit_bias) are
+ * refused when set to anything but their off value.
  */
 #ifndef REQUEST_H
 #define REQUEST_H

@@ -17,15 +17,18 @@ int spec_init(Spec *s, Model *m, KVCache *kv, KVCache *mkv, Sampler *smp, int n_
         return -1;
     }
     s->m = m, s->kv = kv, s->mkv = mkv, s->smp = smp, s->n_draft = n_draft;
-    s->pend = malloc((SPEC_MAX + 2) * H * sizeof(float));
-    s->hid = malloc((SPEC_MAX + 2) * H * sizeof(float));
-    s->lg = malloc((SPEC_MAX + 1) * V * sizeof(float));
-    s->q = malloc(SPEC_MAX * V * sizeof(float));
+    /* sized for this run's drafts, not SPEC_MAX's: a verify pass has
+     * n_draft + 1 rows, and a 250K vocabulary makes each row of logits 1 MB */
+    const size_t N = (size_t)n_draft;
+    s->pend = malloc((N + 2) * H * sizeof(float));
+    s->hid = malloc((N + 2) * H * sizeof(float));
+    s->lg = malloc((N + 1) * V * sizeof(float));
+    s->q = malloc(N * V * sizeof(float));
     s->mlg = malloc(V * sizeof(float));
     s->hm = malloc(H * sizeof(float));
     if (kv->state) {
         s->snap = malloc(kv->state_floats * sizeof(float));
-        s->journal = malloc(model_journal_floats(m, SPEC_MAX + 1) * sizeof(float));
+        s->journal = malloc(model_journal_floats(m, n_draft + 1) * sizeof(float));
     }
     if (!s->pend || !s->hid || !s->lg || !s->q || !s->mlg || !s->hm || (kv->state && (!s->snap || !s->journal))) {
         spec_free(s);
@@ -109,7 +112,7 @@ static int rewind_to(Spec *s, int p, char *err, size_t errlen) {
         snprintf(err, errlen, "rewind to %d failed", p);
         return -1;
     }
-    if (s->snap) model_state_replay(s->m, s->kv, s->snap, s->journal, SPEC_MAX + 1, p - s->snap_pos);
+    if (s->snap) model_state_replay(s->m, s->kv, s->snap, s->journal, s->n_draft + 1, p - s->snap_pos);
     return 0;
 }
 
@@ -150,7 +153,7 @@ int spec_step(Spec *s, int x, int *out, char *err, size_t errlen) {
         memcpy(s->snap, s->kv->state, s->kv->state_floats * sizeof(float));
         s->snap_pos = P;
         s->n_rec = N + 1;
-        m->journal = s->journal, m->journal_cap = SPEC_MAX + 1;
+        m->journal = s->journal, m->journal_cap = s->n_draft + 1;
     }
     int rc = model_forward(m, s->kv, toks, N + 1, s->lg, 1, s->hid, err, errlen);
     m->journal = NULL, m->journal_cap = 0;

@@ -375,6 +375,11 @@ Test(serve, bad_requests_are_named) {
         {"/v1/completions", "{\"prompt\":\"x\",\"kv\":\"tbq9\"}", "kv: unknown scheme 'tbq9'", 400},
         {"/v1/completions", "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop: expected", 400},
         {"/v1/completions", "{\"prompt\":\"x\",\"n\":3}", "n: expected an integer in [1, 1]", 400},
+        {"/v1/completions", "{\"prompt\":\"x\",\"logprobs\":5}", "logprobs: not supported", 400},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
+                                 "\"function\"}]}", "tools: not supported", 400},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":"
+                                 "{\"type\":\"json_object\"}}", "response_format: not supported", 400},
         {"/v1/completions", "{\"prompt\":\"x\",\"stream\":1}", "stream: expected true or false", 400},
         {"/v1/completions", "{\"prompt\":\"\"}", "prompt: empty", 400},
         {"/v1/chat/completions", "{\"messages\":[]}", "messages: expected an array of 1 to", 400},
@@ -408,8 +413,10 @@ Test(serve, bad_requests_are_named) {
     r = read_reply(fd);
     cr_expect_eq(r.status, 413, "%s", r.body);
     free(r.body), free(b);
-    /* after all that the server still answers */
-    r = http(&s, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}");
+    /* after all that the server still answers, the unsupported fields at their off values taken */
+    r = http(&s, "POST", "/v1/completions",
+             "{\"prompt\":\"x\",\"max_tokens\":2,\"logprobs\":null,\"tools\":[],\"tool_choice\":\"none\","
+             "\"response_format\":{\"type\":\"text\"},\"echo\":false,\"best_of\":1,\"logit_bias\":{}}");
     cr_expect_eq(r.status, 200, "%s", r.body);
     free(r.body);
     server_stop(&s);

@@ -240,6 +240,9 @@ def request_seeds():
             "presence_penalty": 0.1, "repetition_penalty": 1.1, "n": 1, "stop": "x", "kv": "q8/q4"}),
         "nulls": compact({"prompt": "x", "temperature": None, "stop": None, "kv": None, "stream": False,
                           "max_tokens": 0}),
+        "off-values": compact({"prompt": "x", "logprobs": None, "tools": [], "tool_choice": "none",
+                               "response_format": {"type": "text"}, "echo": False, "best_of": 1,
+                               "logit_bias": {}, "suffix": ""}),
     }
 
 
