@@ -119,6 +119,8 @@ static void admit(Engine *e) {
         /* the prompt counts for the penalties, as in run.c */
         for (int i = 0; i < j->n_ids; i++) sampler_accept(&j->smp, j->ids[i]);
         j->budget = need;
+        /* taken now, under the lock: /metrics never reads a cache the forward writes */
+        j->bytes = (double)(kv_cache_bytes(&j->kv) + kv_cache_state_bytes(&j->kv));
         e->used += need;
         j->state = JOB_RUNNING;
         for (int i = 0; i < e->o.parallel; i++)
@@ -411,7 +413,7 @@ void engine_metrics(Engine *e, FILE *f) {
         int k = 0;
         while (k < nn && strcmp(names[k], name)) k++;
         if (k == nn && nn < 64) { snprintf(names[nn], sizeof names[nn], "%s", name); bytes[nn++] = 0; }
-        if (k < nn) bytes[k] += (double)(kv_cache_bytes(&j->kv) + kv_cache_state_bytes(&j->kv));
+        if (k < nn) bytes[k] += j->bytes;
     }
     pthread_mutex_unlock(&e->mu);
     fprintf(f, "# HELP run_requests_total Generation requests received.\n# TYPE run_requests_total counter\n"

@@ -42,6 +42,7 @@ typedef struct Job {
     Sampler smp;
     TokStream ts;
     double budget;        /* bytes of the memory budget the cache holds */
+    double bytes;         /* bytes the cache (and a hybrid's state) took when opened, for /metrics */
     int fed;              /* prompt tokens in the cache */
     int next;             /* a decoding job's sampled token, not yet in the cache */
     /* shared, under the engine's lock */
