@@ -1136,7 +1136,17 @@ int model_forward_batch(Model *m, ModelSeq *seqs, int nseq, char *err, size_t er
     }
     /* at most s.cap rows of at least one each: nseq <= MODEL_BATCH */
     Seg segs[MODEL_BATCH];
-    float *lg = k ? malloc((size_t)k * V * sizeof(float)) : NULL;
+    /* the logits [k, V] come from one lm_head matmul: straight into the
+     * callers' rows when those lie back to back in order (the server's do),
+     * else into a buffer that is copied out */
+    float *first = NULL;
+    int packed = 1;
+    for (int i = 0, j = 0; i < nseq; i++)
+        if (seqs[i].logits) {
+            if (!first) first = seqs[i].logits;
+            packed &= seqs[i].logits == first + (size_t)j++ * V;
+        }
+    float *lg = !k ? NULL : packed ? first : malloc((size_t)k * V * sizeof(float));
     if (k && !lg) {
         snprintf(err, errlen, "model_forward_batch: out of memory for %d rows of logits", k);
         return -1;
@@ -1151,25 +1161,25 @@ int model_forward_batch(Model *m, ModelSeq *seqs, int nseq, char *err, size_t er
     /* lg [k, V] in sequence order, to the sequences that asked; when some
      * row was not finite, each sequence's rows (post-norm states in xb, and
      * its logits) are looked at on their own, since the others' are good */
-    int first = -1;
+    int bad_seq = -1;
     for (int i = 0, j = 0; i < nseq; i++) {
         seqs[i].failed = 0;
         const float *li = seqs[i].logits ? lg + (size_t)j++ * V : NULL;
-        if (li) memcpy(seqs[i].logits, li, (size_t)V * sizeof(float));
+        if (li && !packed) memcpy(seqs[i].logits, li, (size_t)V * sizeof(float));
         if (bad < 0) continue;
         int r = bad_row(m->s.xb + (size_t)segs[i].row * m->cfg.hidden, segs[i].n, m->cfg.hidden);
         if (r < 0 && li && bad_row(li, 1, V) == 0) r = segs[i].n - 1;
         if (r < 0) continue;
         seqs[i].failed = 1;
-        if (first < 0) {
+        if (bad_seq < 0) {
             char what[32];
             snprintf(what, sizeof what, "sequence %d", i);
             nonfinite_error(m, what, segs[i].pos + r, err, errlen);
-            first = i;
+            bad_seq = i;
         }
     }
-    free(lg);
-    return first < 0 ? 0 : -1;
+    if (!packed) free(lg);
+    return bad_seq < 0 ? 0 : -1;
 }
 
 int model_mtp_forward(Model *m, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,

@@ -174,14 +174,15 @@ static void take_token(Engine *e, Job *j, int x) {
  * slices in slot order with the rows left. */
 static void step(Engine *e) {
     const int V = e->m->cfg.vocab_size, cap = model_batch_rows(e->m);
-    int ns = 0, rows = 0;
+    int ns = 0, rows = 0, nl = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < e->o.parallel && rows < cap; i++) {
             Job *j = e->active[i];
             if (!j || (j->fed < j->n_ids) != pass) continue;
             const int n = pass ? (j->n_ids - j->fed < cap - rows ? j->n_ids - j->fed : cap - rows) : 1;
-            /* a prompt slice that does not end its prompt needs no logits */
-            float *lg = pass && j->fed + n < j->n_ids ? NULL : e->logits + (size_t)ns * V;
+            /* a prompt slice that does not end its prompt needs no logits; the
+             * rows that do lie back to back, which model_forward_batch fills in place */
+            float *lg = pass && j->fed + n < j->n_ids ? NULL : e->logits + (size_t)nl++ * V;
             e->seqs[ns] = (ModelSeq){&j->kv, pass ? j->ids + j->fed : &j->next, n, lg, 0};
             e->in_step[ns++] = j;
             rows += n;

@@ -127,17 +127,19 @@ static inline void check_batch_vs_alone(Model *m, KVCache *a, int ctx, const int
     float *la = malloc((size_t)3 * V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
     for (int i = 0; i < 3; i++) lengths[i] = pre[i];
     for (int r = 0; r < 2; r++) {
+        /* the first batch's logits rows in sequence order (written in place),
+         * the second's reversed (written through a buffer) */
         ModelSeq seqs[3];
         for (int i = 0; i < 3; i++)
             seqs[i] = (ModelSeq){.kv = &a[i], .tokens = ids + off[i] + lengths[i], .n = step[r][i],
-                                 .logits = la + (size_t)i * V};
+                                 .logits = la + (size_t)(r ? 2 - i : i) * V};
         cr_assert_eq(model_forward_batch(m, seqs, 3, err, sizeof err), 0, "%s", err);
         for (int i = 0; i < 3; i++) {
             cr_assert_eq(model_forward(m, &b[i], seqs[i].tokens, seqs[i].n, lb, 0, NULL, err, sizeof err), 0, "%s",
                          err);
             lengths[i] += step[r][i];
             cr_expect_eq(kv_cache_len(&a[i]), lengths[i], "%s: batch %d, sequence %d: length", what, r, i);
-            cr_expect_eq(memcmp(la + (size_t)i * V, lb, (size_t)V * sizeof(float)), 0,
+            cr_expect_eq(memcmp(seqs[i].logits, lb, (size_t)V * sizeof(float)), 0,
                          "%s: batch %d, sequence %d: logits differ from a run alone", what, r, i);
             if (kv_cache_state_bytes(&a[i]))
                 cr_expect_eq(memcmp(a[i].state, b[i].state, kv_cache_state_bytes(&a[i])), 0,
