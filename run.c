@@ -58,6 +58,7 @@
 
 typedef struct {
     const char *model, *prompt, *prompt_file, *mode, *system, *kv, *ctk, *ctv, *out, *dev, *host;
+    const char *api_key;  /* serve: --api-key, else $RUN_API_KEY */
     int n, top_k, ctx, threads, think, spec; /* n: -1 = no limit; spec: -1 = default */
     int wq_q8, draft_q8;  /* -wq, -wq-draft: 1 = q8 */
     int act_bf16;         /* -act: 1 = bf16 */
@@ -119,6 +120,7 @@ static const Option options[] = {
     {{"-np", "--parallel"}, OPT_INT, AT(parallel), 0, 1, 256, "a sequence count in 1..256"},
     {{"--queue"}, OPT_INT, AT(queue), 0, 0, 1 << 20, "a request count >= 0"},
     {{"--kv-mb"}, OPT_INT, AT(kv_mb), 0, 1, 1 << 30, "megabytes >= 1"},
+    {{"--api-key"}, OPT_STR, AT(api_key), 0, 0, 0, "a key"},
 };
 
 static const char *const modes[] = {"generate", "chat", "tokenize", "detokenize", "logits", "ppl",
@@ -188,6 +190,8 @@ static void usage(FILE *f) {
             "  --queue N        requests waiting for a sequence at most, past it 503 (default 64)\n"
             "  --kv-mb N        megabytes all sequences' caches may take (default: -np caches of -c\n"
             "                   positions in the -kv scheme)\n"
+            "  --api-key KEY    /v1/ requests must carry Authorization: Bearer KEY, else 401; /health\n"
+            "                   and /metrics stay open (default: $RUN_API_KEY, else no key)\n"
 #endif
             "  -h, --help       this help;  --version  the version, the kernels this CPU runs and the\n"
             "                   CUDA architectures compiled in\n"
@@ -281,8 +285,17 @@ static int check_args(Args *a) {
         return usage_error("-m serve takes its prompts from requests: not -i or -f");
     if (serve && a->spec > 0)
         return usage_error("-m serve: -spec %d: the server does not draft (yet); drop -spec", a->spec);
-    if (!serve && (a->host || a->port >= 0 || a->parallel || a->queue >= 0 || a->kv_mb))
-        return usage_error("--host, --port, -np, --queue and --kv-mb are for -m serve");
+    if (!serve && (a->host || a->port >= 0 || a->parallel || a->queue >= 0 || a->kv_mb || a->api_key))
+        return usage_error("--host, --port, -np, --queue, --kv-mb and --api-key are for -m serve");
+    /* the environment keeps the key out of the process list; an empty or
+     * unsendable key is refused rather than taken as no key or as one no
+     * client can send, and the key itself is never printed */
+    const char *key_from = a->api_key ? "--api-key" : "RUN_API_KEY";
+    if (serve && !a->api_key) a->api_key = getenv("RUN_API_KEY");
+    if (a->api_key && !a->api_key[0]) return usage_error("%s: expected a key, found an empty one", key_from);
+    for (const char *k = a->api_key; k && *k; k++)
+        if ((unsigned char)*k < 0x21 || (unsigned char)*k > 0x7e)
+            return usage_error("%s: expected printable ASCII without spaces, as a header carries it", key_from);
     const int compare = !strcmp(a->mode, "compare");
     if (a->prompt && a->prompt_file) return usage_error("give the text with -i or -f, not both");
     int scores = compare || !strcmp(a->mode, "logits") || !strcmp(a->mode, "ppl") || !strcmp(a->mode, "kvstats") ||
@@ -944,7 +957,7 @@ static int run_serve(Run *r) {
                    .parallel = a->parallel ? a->parallel : 4, .queue = a->queue >= 0 ? a->queue : 64, .ctx = r->ctx,
                    .n_predict = a->n, .spec = r->spec, .spec_name = kvname, .think = a->think, .model_name = base,
                    .repeat = a->repeat, .last_n = a->repeat_n, .frequency = a->frequency, .presence = a->presence,
-                   .has_seed = a->set_seed, .seed = a->seed, .stop = &g_interrupted};
+                   .has_seed = a->set_seed, .seed = a->seed, .api_key = a->api_key, .stop = &g_interrupted};
     sampling_defaults(r, &o.temperature, &o.top_k, &o.top_p, &o.min_p);
     o.budget = a->kv_mb ? a->kv_mb * 1e6 : o.parallel * model_cache_bytes(&r->m, &r->spec, r->ctx);
     catch_sigint();

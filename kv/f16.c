@@ -97,10 +97,11 @@ static void f16_accum(const KVStream *s, const float *p, int ldp, int nq, int t0
 #endif /* __x86_64__ */
 
 static size_t f16_bytes(const KVStream *s) { return (size_t)s->cap * s->d * sizeof(uint16_t); }
+static size_t f16_span(const KVStream *s, int t) { return (size_t)t * s->d * sizeof(uint16_t); }
 
 const KVScheme kv_f16 = {
     .name = "f16", .desc = "IEEE half (llama.cpp default)",
     .bits = f16_bits, .check = f16_check, .init = f16_init, .free = f16_free,
     .append = f16_append, .truncate = f16_truncate, .dequant = f16_dequant,
-    .score = f16_score, .accum = f16_accum, .bytes = f16_bytes,
+    .score = f16_score, .accum = f16_accum, .bytes = f16_bytes, .span = f16_span,
 };

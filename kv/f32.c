@@ -57,10 +57,11 @@ static void f32_accum(const KVStream *s, const float *p, int ldp, int nq, int t0
 }
 
 static size_t f32_bytes(const KVStream *s) { return (size_t)s->cap * s->d * sizeof(float); }
+static size_t f32_span(const KVStream *s, int t) { return (size_t)t * s->d * sizeof(float); }
 
 const KVScheme kv_f32 = {
     .name = "f32", .desc = "float32, the reference",
     .bits = f32_bits, .check = f32_check, .init = f32_init, .free = f32_free,
     .append = f32_append, .truncate = f32_truncate, .dequant = f32_dequant,
-    .score = f32_score, .accum = f32_accum, .bytes = f32_bytes,
+    .score = f32_score, .accum = f32_accum, .bytes = f32_bytes, .span = f32_span,
 };

@@ -224,6 +224,43 @@ static void kivi_append(KVStream *s, const float *x) {
  * precision (see the header), and what is quantized follows from len. */
 static void kivi_truncate(KVStream *s, int n) { (void)s; (void)n; }
 
+/* Saved form of positions [t0, t1): the quantized units that came in
+ * between (K blocks or V tokens, counted from the lengths alone), then
+ * the floats of the last min(t1 - t0, R + KV_MAX_ROLLBACK) positions,
+ * what a ring at t1 holds that the ring at t0 did not:
+ *   | units [n_quant(t0), n_quant(t1)) | f32 x[d] per position, oldest first |
+ * A stream at t0 that loads it has its window, its shadow for rollback
+ * and its quantized blocks as the saving stream had them at t1. */
+static size_t unit_index(const KVStream *s, int t) {
+    const Kivi *k = s->aux;
+    return s->role == 0 ? (size_t)(t / k->G) : (size_t)t;
+}
+static int ring_from(const KVStream *s, int t0, int t1) {
+    const Kivi *k = s->aux;
+    return t1 - t0 > k->R + KV_MAX_ROLLBACK ? t1 - k->R - KV_MAX_ROLLBACK : t0;
+}
+static size_t kivi_save_bytes(const KVStream *s, int t0, int t1) {
+    const Kivi *k = s->aux;
+    size_t units = unit_index(s, n_quant(s, t1)) - unit_index(s, n_quant(s, t0));
+    return units * k->unit + (size_t)(t1 - ring_from(s, t0, t1)) * s->d * sizeof(float);
+}
+static void kivi_save(const KVStream *s, int t0, uint8_t *out) {
+    const Kivi *k = s->aux;
+    size_t u0 = unit_index(s, n_quant(s, t0)), u1 = unit_index(s, n_quant(s, s->len));
+    memcpy(out, s->data + u0 * k->unit, (u1 - u0) * k->unit);
+    out += (u1 - u0) * k->unit;
+    for (int t = ring_from(s, t0, s->len); t < s->len; t++, out += (size_t)s->d * sizeof(float))
+        memcpy(out, slot(s, t), (size_t)s->d * sizeof(float));
+}
+static void kivi_load(KVStream *s, int len, const uint8_t *in) {
+    const Kivi *k = s->aux;
+    size_t u0 = unit_index(s, n_quant(s, s->len)), u1 = unit_index(s, n_quant(s, len));
+    memcpy(s->data + u0 * k->unit, in, (u1 - u0) * k->unit);
+    in += (u1 - u0) * k->unit;
+    for (int t = ring_from(s, s->len, len); t < len; t++, in += (size_t)s->d * sizeof(float))
+        memcpy(slot(s, t), in, (size_t)s->d * sizeof(float));
+}
+
 /* Quantized positions never change again (later appends quantize only
  * newer ones), so what was quantized at length n is settled. */
 static int kivi_settled(const KVStream *s, int n) { return n_quant(s, n); }
@@ -784,6 +821,7 @@ const KVScheme kv_kivi2 = {
     .bits = kivi2_bits, .check = kivi_check, .init = kivi2_init, .free = kivi_free,
     .append = kivi_append, .truncate = kivi_truncate, .dequant = kivi_dequant,
     .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes, .windowed = 1, .settled = kivi_settled,
+    .save_bytes = kivi_save_bytes, .save = kivi_save, .load = kivi_load,
 };
 
 const KVScheme kv_kivi4 = {
@@ -791,4 +829,5 @@ const KVScheme kv_kivi4 = {
     .bits = kivi4_bits, .check = kivi_check, .init = kivi4_init, .free = kivi_free,
     .append = kivi_append, .truncate = kivi_truncate, .dequant = kivi_dequant,
     .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes, .windowed = 1, .settled = kivi_settled,
+    .save_bytes = kivi_save_bytes, .save = kivi_save, .load = kivi_load,
 };

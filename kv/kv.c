@@ -154,6 +154,28 @@ int kv_stream_truncate(KVStream *s, int n) {
     return 0;
 }
 
+/* A span scheme's saved positions are a byte range of its data; the
+ * others count and write their own form. */
+size_t kv_stream_save_bytes(const KVStream *s, int t0, int t1) {
+    const KVScheme *sc = s->scheme;
+    return sc->span ? sc->span(s, t1) - sc->span(s, t0) : sc->save_bytes(s, t0, t1);
+}
+
+void kv_stream_save(const KVStream *s, int t0, uint8_t *out) {
+    const KVScheme *sc = s->scheme;
+    if (sc->span) memcpy(out, s->data + sc->span(s, t0), sc->span(s, s->len) - sc->span(s, t0));
+    else sc->save(s, t0, out);
+}
+
+int kv_stream_load(KVStream *s, int len, const uint8_t *in) {
+    const KVScheme *sc = s->scheme;
+    if (len < s->len || len > s->cap || s->len % KV_SAVE_ALIGN) return -1;
+    if (sc->span) memcpy(s->data + sc->span(s, s->len), in, sc->span(s, len) - sc->span(s, s->len));
+    else sc->load(s, len, in);
+    s->len = len;
+    return 0;
+}
+
 void kv_to_domain(const KVStream *s, const float *x, float *y) {
     if (s->scheme->to_domain) s->scheme->to_domain(s, x, y);
     else if (y != x) memcpy(y, x, (size_t)s->d * sizeof(float));
@@ -298,4 +320,58 @@ size_t kv_cache_bytes(const KVCache *c) {
     size_t ns = (size_t)c->n_layers * (size_t)c->n_kv, b = 0;
     for (size_t i = 0; i < ns; i++) b += c->k[i].scheme->bytes(&c->k[i]) + c->v[i].scheme->bytes(&c->v[i]);
     return b;
+}
+
+size_t kv_cache_save_bytes(const KVCache *c, int t0, int t1) {
+    size_t ns = (size_t)c->n_layers * (size_t)c->n_kv, b = c->state_floats * sizeof(float);
+    for (size_t i = 0; i < ns; i++) b += kv_stream_save_bytes(&c->k[i], t0, t1) + kv_stream_save_bytes(&c->v[i], t0, t1);
+    return b;
+}
+
+/* The blob is the streams in cache order, then the state: both sides
+ * compute every part's size from (t0, len), so no sizes are stored. */
+int kv_cache_save(const KVCache *c, int t0, uint8_t *out, size_t n, char *err, size_t errlen) {
+    const int len = kv_cache_len(c);
+    if (c->dev || !c->k || t0 < 0 || t0 > len || t0 % KV_SAVE_ALIGN) {
+        snprintf(err, errlen, "kv save: expected a CPU cache and an aligned start in [0, %d], found %s and %d", len,
+                 c->dev ? "a GPU cache" : "a CPU cache", t0);
+        return -1;
+    }
+    if (n != kv_cache_save_bytes(c, t0, len)) {
+        snprintf(err, errlen, "kv save: expected a buffer of %zu bytes, found %zu", kv_cache_save_bytes(c, t0, len), n);
+        return -1;
+    }
+    size_t ns = (size_t)c->n_layers * (size_t)c->n_kv;
+    for (size_t i = 0; i < ns; i++) {
+        kv_stream_save(&c->k[i], t0, out);
+        out += kv_stream_save_bytes(&c->k[i], t0, len);
+        kv_stream_save(&c->v[i], t0, out);
+        out += kv_stream_save_bytes(&c->v[i], t0, len);
+    }
+    if (c->state) memcpy(out, c->state, c->state_floats * sizeof(float));
+    return 0;
+}
+
+int kv_cache_load(KVCache *c, int len, const uint8_t *in, size_t n, char *err, size_t errlen) {
+    const int t0 = kv_cache_len(c);
+    if (c->dev || !c->k || len < t0 || len > c->cap || t0 % KV_SAVE_ALIGN) {
+        snprintf(err, errlen, "kv load: expected a CPU cache at an aligned length and an end in [%d, %d], found %s at "
+                 "%d and %d", t0, c->cap, c->dev ? "a GPU cache" : "a CPU cache", t0, len);
+        return -1;
+    }
+    if (n != kv_cache_save_bytes(c, t0, len)) {
+        snprintf(err, errlen, "kv load: expected %zu bytes for positions [%d, %d), found %zu",
+                 kv_cache_save_bytes(c, t0, len), t0, len, n);
+        return -1;
+    }
+    /* every check is done: the loads below cannot fail */
+    size_t ns = (size_t)c->n_layers * (size_t)c->n_kv;
+    for (size_t i = 0; i < ns; i++) {
+        size_t kb = kv_stream_save_bytes(&c->k[i], t0, len), vb = kv_stream_save_bytes(&c->v[i], t0, len);
+        kv_stream_load(&c->k[i], len, in);
+        kv_stream_load(&c->v[i], len, in + kb);
+        in += kb + vb;
+    }
+    if (c->state) memcpy(c->state, in, c->state_floats * sizeof(float));
+    return 0;
 }

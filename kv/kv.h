@@ -38,6 +38,10 @@ typedef struct KVStream KVStream;
  * attention blocks rely on it (attn/attn.h), and
  * kv/queries_do_not_depend_on_their_neighbours holds every scheme to it. */
 #define KV_MAX_NQ 8
+/* Where a saved run of positions may begin (kv_stream_save): q8's tiles
+ * hold 16 positions, and every other scheme's positions are independent
+ * or, for KIVI, counted from len alone. */
+#define KV_SAVE_ALIGN 16
 /* Largest head_dim a stream accepts (Qwen3 uses 128; 256 exists elsewhere). */
 #define KV_MAX_DIM 512
 
@@ -101,6 +105,22 @@ typedef struct KVScheme {
      * token by token as decode does (attn/attn.c). */
     int windowed;
     int (*settled)(const KVStream *s, int n);
+    /* The stored form of positions [t0, len), t0 a multiple of
+     * KV_SAVE_ALIGN, as kv_stream_save hands it out and kv_stream_load
+     * takes it back (prefix reuse, saved sessions): loaded onto a stream
+     * holding the same first t0 positions, it leaves that stream as this
+     * one, byte for byte in everything a read or a later append sees.
+     * A scheme gives one of two forms. span: positions [t0, t1) are the
+     * bytes [span(t0), span(t1)) of data (span(len) covers a partly
+     * filled tile), which kv.c copies. Else save_bytes, save and load, for
+     * a stored form that is not one byte range (KIVI's float window):
+     * save_bytes is what save writes for [t0, t1), computed from the
+     * positions alone, so that a reader can check a size before loading;
+     * load takes s from s->len to len. */
+    size_t (*span)(const KVStream *s, int t);
+    size_t (*save_bytes)(const KVStream *s, int t0, int t1);
+    void (*save)(const KVStream *s, int t0, uint8_t *out);
+    void (*load)(KVStream *s, int len, const uint8_t *in);
 } KVScheme;
 
 struct KVStream {
@@ -181,6 +201,17 @@ void kv_from_domain(const KVStream *s, const float *y, float *x);
 void kv_to_domain_scaled(const KVStream *s, const float *x, float a, float *y);
 void kv_from_domain_scaled(const KVStream *s, float *y, float a, float *x);
 
+/* The stored form of positions [t0, len) (KVScheme.span / save above):
+ * kv_stream_save_bytes(s, t0, t1) bytes, t0 <= t1 a multiple of
+ * KV_SAVE_ALIGN, counted without reading the stream; kv_stream_save
+ * writes those of [t0, s->len). kv_stream_load appends such bytes, saved
+ * from a stream of the same scheme, options, head dim and role whose
+ * first s->len positions were this one's, up to len: 0 ok, -1 when len
+ * is below s->len or above cap, or s->len is not aligned. */
+size_t kv_stream_save_bytes(const KVStream *s, int t0, int t1);
+void kv_stream_save(const KVStream *s, int t0, uint8_t *out);
+int kv_stream_load(KVStream *s, int len, const uint8_t *in);
+
 int kv_cache_init(KVCache *c, const KVSpec *spec, int n_layers, int n_kv, int d, int cap,
                   char *err, size_t errlen);
 void kv_cache_free(KVCache *c);
@@ -190,6 +221,17 @@ int kv_cache_truncate(KVCache *c, int n);
 /* Bytes of the recurrent state (which does not grow with the context). */
 size_t kv_cache_state_bytes(const KVCache *c);
 size_t kv_cache_bytes(const KVCache *c);
+/* A whole cache's stored form of positions [t0, len): every stream's
+ * (layer by layer, kv head by kv head, K then V), then the recurrent state
+ * as it stands at len. kv_cache_save_bytes counts it for len = t1;
+ * kv_cache_save writes it for the cache's len. kv_cache_load takes a
+ * cache of the same shape and spec from its len t0 (aligned) to len with
+ * n such bytes: 0 ok, -1 with one line in err (a size that is not the
+ * one expected, a len past cap, a cache on the GPU) and the cache
+ * unchanged. */
+size_t kv_cache_save_bytes(const KVCache *c, int t0, int t1);
+int kv_cache_save(const KVCache *c, int t0, uint8_t *out, size_t n, char *err, size_t errlen);
+int kv_cache_load(KVCache *c, int len, const uint8_t *in, size_t n, char *err, size_t errlen);
 static inline KVStream *kv_k(KVCache *c, int layer, int h) { return &c->k[layer * c->n_kv + h]; }
 static inline KVStream *kv_v(KVCache *c, int layer, int h) { return &c->v[layer * c->n_kv + h]; }
 

@@ -248,6 +248,11 @@ size_t lb_kv_bytes(const KVStream *s) {
     return (size_t)s->cap * (size_t)f->vec_bytes;
 }
 
+size_t lb_kv_span(const KVStream *s, int t) {
+    const LbFmt *f = s->aux;
+    return (size_t)t * (size_t)f->vec_bytes;
+}
+
 #if defined(__x86_64__)
 #include "kernels/hsum.h"
 #include "kv/pairs16.h"

@@ -76,6 +76,7 @@ void lb_kv_dequant(const KVStream *s, int t, float *out);
 void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
 void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc);
 size_t lb_kv_bytes(const KVStream *s);
+size_t lb_kv_span(const KVStream *s, int t);
 
 /* The integer scores lb_kv_score gives at kernels_level() >= 3, in plain C
  * with the same rounding: 0, or -1 when the stream or the queries do not

@@ -199,5 +199,5 @@ const KVScheme kv_polar4 = {
     .bits = polar4_bits, .check = polar4_check, .init = polar4_init, .free = polar4_free,
     .append = polar4_append, .truncate = lb_kv_truncate, .dequant = lb_kv_dequant,
     .to_domain = polar4_to_domain, .from_domain = polar4_from_domain,
-    .score = lb_kv_score, .accum = lb_kv_accum, .bytes = lb_kv_bytes,
+    .score = lb_kv_score, .accum = lb_kv_accum, .bytes = lb_kv_bytes, .span = lb_kv_span,
 };

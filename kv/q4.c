@@ -197,10 +197,11 @@ static void q4_accum(const KVStream *s, const float *p, int ldp, int nq, int t0,
 #endif /* __x86_64__ */
 
 static size_t q4_bytes(const KVStream *s) { return (size_t)s->cap * row_bytes(s); }
+static size_t q4_span(const KVStream *s, int t) { return (size_t)t * row_bytes(s); }
 
 const KVScheme kv_q4 = {
     .name = "q4", .desc = "llama.cpp q4_0: fp16 scale + 32 nibbles (4.5 bits)",
     .bits = q4_bits, .check = q4_check, .init = q4_init, .free = q4_free,
     .append = q4_append, .truncate = q4_truncate, .dequant = q4_dequant,
-    .score = q4_score, .accum = q4_accum, .bytes = q4_bytes,
+    .score = q4_score, .accum = q4_accum, .bytes = q4_bytes, .span = q4_span,
 };

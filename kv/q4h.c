@@ -64,5 +64,5 @@ const KVScheme kv_q4h = {
     .bits = q4h_bits, .check = q4h_check, .init = q4h_init, .free = lb_kv_free,
     .append = q4h_append, .truncate = lb_kv_truncate, .dequant = lb_kv_dequant,
     .to_domain = q4h_domain, .from_domain = q4h_domain,
-    .score = lb_kv_score, .accum = lb_kv_accum, .bytes = lb_kv_bytes,
+    .score = lb_kv_score, .accum = lb_kv_accum, .bytes = lb_kv_bytes, .span = lb_kv_span,
 };

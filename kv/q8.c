@@ -663,11 +663,14 @@ static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0,
 #endif /* __x86_64__ */
 
 static size_t q8_bytes(const KVStream *s) { return n_tiles(s) * tile_bytes(s); }
+/* Whole tiles: a partly filled last one is saved with its unwritten
+ * positions, which nothing reads and the next appends overwrite. */
+static size_t q8_span(const KVStream *s, int t) { return (size_t)((t + TT - 1) / TT) * tile_bytes(s); }
 
 const KVScheme kv_q8 = {
     .name = "q8", .desc = "llama.cpp q8_0: fp16 scale + 32 int8 (8.5 bits)",
     .bits = q8_bits, .check = q8_check, .init = q8_init, .free = q8_free,
     .append = q8_append, .truncate = q8_truncate, .dequant = q8_dequant,
-    .score = q8_score, .accum = q8_accum, .bytes = q8_bytes,
+    .score = q8_score, .accum = q8_accum, .bytes = q8_bytes, .span = q8_span,
     .score_err = 5e-3f, .score_int = q8_score_int, .accum_err = 2e-3f,
 };

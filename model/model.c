@@ -22,6 +22,7 @@
 #include "format/quote.h"
 #include "kernels/deltanet.h"
 #include "kernels/ops.h"
+#include "kv/kvfile.h"
 
 #include <math.h>
 #include <omp.h>
@@ -1087,6 +1088,27 @@ int model_thread_init(const Model *m) { return matmul_reserve(m->s.cap, m->s.wid
 void model_thread_free(void) { matmul_thread_free(); }
 
 int model_batch_rows(const Model *m) { return m->s.cap; }
+
+uint64_t model_identity(const Model *m) {
+    uint64_t h = kv_hash64(&m->cfg, sizeof m->cfg, (uint64_t)kernels_level());
+    for (int i = 0; i < m->ts.n_tensors; i++) {
+        const STensor *t = &m->ts.tensors[i];
+        h = kv_hash64(t->name, strlen(t->name), h);
+        h = kv_hash64(t->dtype, sizeof t->dtype, h);
+        h = kv_hash64(t->shape, (size_t)t->ndim * sizeof *t->shape, h);
+        h = kv_hash64(t->data, t->nbytes < 64 ? t->nbytes : 64, h);
+    }
+    /* converted weights (-wq q8, -act bf16) round differently */
+    const Weight *const w[] = {&m->lm_head, &m->embed};
+    for (size_t i = 0; i < sizeof w / sizeof *w; i++) h = kv_hash64(&w[i]->dtype, sizeof w[i]->dtype, h);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const Layer *L = &m->layers[l];
+        const DType d[] = {L->wq.dtype, L->wk.dtype, L->wv.dtype, L->wo.dtype, L->w_qkv.dtype, L->w_z.dtype,
+                           L->w_out.dtype, L->wg.dtype, L->wu.dtype, L->wd.dtype};
+        h = kv_hash64(d, sizeof d, h);
+    }
+    return h;
+}
 
 int model_forward_batch(Model *m, ModelSeq *seqs, int nseq, char *err, size_t errlen) {
     const int V = m->cfg.vocab_size;

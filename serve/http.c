@@ -7,7 +7,9 @@
  * it: for a plain request until it is done (one JSON body, status chosen
  * at the end), for a stream through a content callback that writes each
  * piece of text as a server-sent event as it comes. A client that hangs up
- * is noticed within WAIT_S and its job cancelled.
+ * is noticed within WAIT_S and its job cancelled. With an API key (-m
+ * serve --api-key), a /v1/ request without it is answered 401 at the first
+ * call, from its headers, before any of its body is read.
  */
 #include "serve/serve.h"
 
@@ -23,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -114,6 +117,8 @@ static enum MHD_Result send_body(struct MHD_Connection *c, unsigned status, cons
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", type);
+    /* a 401 is only ever the API key's, and RFC 6750 has it name the scheme */
+    if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     enum MHD_Result rc = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return rc;
@@ -172,6 +177,29 @@ static void put_choice(FILE *f, int chat, int chunk, int first, const char *text
 }
 
 /* ----------------------------------------------------------- requests */
+
+/* Whether got is key, in time that depends on the key's length only: no
+ * exit at the first byte that differs, which would tell a client by the
+ * time an answer takes how much of a guess was right. volatile keeps the
+ * compiler from adding that exit. */
+static int key_equal(const char *got, const char *key) {
+    const size_t gn = strlen(got), kn = strlen(key);
+    volatile unsigned char diff = gn != kn;
+    for (size_t i = 0; i < kn; i++) diff |= (unsigned char)(key[i] ^ got[i < gn ? i : 0]);
+    return diff == 0;
+}
+
+/* Why a request may not pass the API key check, or NULL when it carries
+ * the key. The messages never repeat what the client sent. */
+static const char *auth_refusal(struct MHD_Connection *c, const char *key) {
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h) return "no API key: this server wants the header Authorization: Bearer KEY";
+    /* the scheme's name is case-insensitive (RFC 7235) */
+    if (strncasecmp(h, "Bearer ", 7)) return "Authorization: expected Bearer and the API key";
+    h += 7;
+    while (*h == ' ') h++;
+    return key_equal(h, key) ? NULL : "the API key is not this server's";
+}
 
 /* Whether the client closed its side (then its job is not worth finishing). */
 static int client_gone(struct MHD_Connection *c) {
@@ -419,6 +447,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     Server *s = cls;
     Conn *cn = *con_cls;
     if (!cn) {
+        /* the first call has every header and none of the body: a refusal
+         * here reads no body (libmicrohttpd closes the connection after an
+         * answer queued this early), submits nothing, and a client without
+         * the key cannot make the server hold 8 MiB for it. Every route
+         * that computes or lists anything is under /v1/. */
+        if (s->o->api_key && !strncmp(url, "/v1/", 4)) {
+            const char *why = auth_refusal(c, s->o->api_key);
+            if (why) return send_error(c, 401, why);
+        }
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
         return MHD_YES;
@@ -536,8 +573,8 @@ int serve_run(const ServeOpts *o, Model *m, const Tokenizer *tok, char *err, siz
         close(fd);
         return -1;
     }
-    fprintf(stderr, "serve: listening on http://%s:%d (%d parallel, queue %d, %.1f MB for caches)\n", o->host, port,
-            o->parallel, o->queue, o->budget / 1e6);
+    fprintf(stderr, "serve: listening on http://%s:%d (%d parallel, queue %d, %.1f MB for caches%s)\n", o->host,
+            port, o->parallel, o->queue, o->budget / 1e6, o->api_key ? ", /v1/ needs the API key" : "");
     while (!*o->stop) usleep(100000);
     fprintf(stderr, "serve: stopping\n");
     /* no new connections; the engine ends every job, so that the

@@ -10,7 +10,9 @@
  *          <--JSON or server-sent events-- text
  *
  * Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or
- * not), GET /v1/models, GET /health, GET /metrics (Prometheus text).
+ * not), GET /v1/models, GET /health, GET /metrics (Prometheus text). With
+ * an API key, /v1/ answers only requests carrying it (else 401); /health
+ * and /metrics stay open, for probes and scrapers.
  */
 #ifndef SERVE_H
 #define SERVE_H
@@ -38,6 +40,7 @@ typedef struct {
     unsigned long long seed;
     int think;               /* chat: enable_thinking when a request does not say */
     const char *model_name;  /* what /v1/models lists */
+    const char *api_key;     /* /v1/ requests must send Authorization: Bearer api_key; NULL: open */
     volatile sig_atomic_t *stop; /* set (by a signal handler) to stop serving */
 } ServeOpts;
 

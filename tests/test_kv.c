@@ -519,6 +519,106 @@ Test(kv, truncate_then_append_equals_fresh) {
         }
 }
 
+/* A stream built by loading saved runs of positions, taken from another
+ * stream as it grew, is that stream: every read, and every read after
+ * more appends and a rollback, to the bit, and so is what it saves in
+ * turn. Runs of 16 to 300 positions; KIVI also with a window (r32) much
+ * shorter than a run and the loading stream's capacity below the ring's. */
+static void check_save_load(const KVScheme *sc, const KVOpts *o, int d, int role, const int *ends, int nend,
+                            int cap_b) {
+    /* a whole number of q8 tiles at the end, so that no unwritten position
+     * is part of the saved forms compared below */
+    const int total = (ends[nend - 1] + 90 + 15) / 16 * 16;
+    KVStream a, b;
+    char err[256];
+    cr_assert_eq(kv_stream_init(&a, sc, o, d, total, 3, role, err, sizeof err), 0, "%s: %s", sc->name, err);
+    cr_assert_eq(kv_stream_init(&b, sc, o, d, cap_b, 3, role, err, sizeof err), 0, "%s: %s", sc->name, err);
+    float *x = malloc(sizeof(float) * total * d);
+    fill(x, total * d);
+    for (int i = 0, t0 = 0; i < nend; t0 = ends[i++]) {
+        while (a.len < ends[i]) kv_stream_append(&a, x + (size_t)a.len * d);
+        size_t n = kv_stream_save_bytes(&a, t0, ends[i]);
+        uint8_t *blob = malloc(n + 1);
+        kv_stream_save(&a, t0, blob);
+        cr_assert_eq(kv_stream_load(&b, ends[i], blob), 0, "%s: load [%d, %d) refused", sc->name, t0, ends[i]);
+        free(blob);
+    }
+    cr_assert_eq(b.len, a.len);
+    /* then both roll back as deep as they may (the ring's shadow), grow
+     * alike, roll back again and grow to the end */
+    int back = a.len < KV_MAX_ROLLBACK ? a.len : KV_MAX_ROLLBACK;
+    cr_assert_eq(kv_stream_truncate(&a, a.len - back), 0);
+    cr_assert_eq(kv_stream_truncate(&b, b.len - back), 0);
+    for (int t = a.len; t < total - 40; t++) {
+        kv_stream_append(&a, x + (size_t)t * d);
+        kv_stream_append(&b, x + (size_t)t * d);
+    }
+    cr_assert_eq(kv_stream_truncate(&a, a.len - 30), 0);
+    cr_assert_eq(kv_stream_truncate(&b, b.len - 30), 0);
+    for (int t = a.len; t < total; t++) {
+        kv_stream_append(&a, x + (size_t)t * d);
+        kv_stream_append(&b, x + (size_t)t * d);
+    }
+    float ya[KV_MAX_DIM], yb[KV_MAX_DIM];
+    for (int t = 0; t < total; t++) {
+        sc->dequant(&a, t, ya);
+        sc->dequant(&b, t, yb);
+        cr_expect(memcmp(ya, yb, sizeof(float) * d) == 0, "%s role %d d=%d: position %d differs after loads ending %d",
+                  sc->name, role, d, t, ends[nend - 1]);
+    }
+    size_t n = kv_stream_save_bytes(&a, 0, total);
+    cr_expect_eq(n, kv_stream_save_bytes(&b, 0, total));
+    uint8_t *sa = malloc(n + 1), *sb = malloc(n + 1);
+    kv_stream_save(&a, 0, sa);
+    kv_stream_save(&b, 0, sb);
+    cr_expect(memcmp(sa, sb, n) == 0, "%s role %d d=%d: saved forms differ", sc->name, role, d);
+    free(sa);
+    free(sb);
+    free(x);
+    kv_stream_free(&a);
+    kv_stream_free(&b);
+}
+
+Test(kv, save_then_load_equals_appended) {
+    static const int ends1[] = {16, 48, 64, 320, 333};
+    static const int ends2[] = {256, 512, 517};
+    for (int si = 0; si < kv_n_schemes; si++) {
+        const KVScheme *sc = kv_schemes[si];
+        KVOpts o = {0, 0}, small = {16, 32};
+        char err[256];
+        cr_expect(sc->span || (sc->save_bytes && sc->save && sc->load), "%s: no saved form", sc->name);
+        for (int role = 0; role < 2; role++)
+            for (int d = 64; d <= 128; d += 64) {
+                if (sc->check(d, &o, err, sizeof err)) continue;
+                check_save_load(sc, &o, d, role, ends1, 5, 432);
+                check_save_load(sc, &o, d, role, ends2, 3, 2000);
+                if (sc->windowed && !sc->check(d, &small, err, sizeof err)) {
+                    check_save_load(sc, &small, d, role, ends1, 5, 432);
+                    check_save_load(sc, &small, d, role, ends2, 3, 608);
+                }
+            }
+    }
+}
+
+/* Refusals move nothing: a load past the capacity, onto an unaligned
+ * length, or shorter than the stream. */
+Test(kv, load_refuses_what_cannot_fit) {
+    KVStream a, b;
+    open_stream(&a, kv_find("q8"), 32, 64);
+    open_stream(&b, kv_find("q8"), 32, 40);
+    float x[32] = {1};
+    for (int t = 0; t < 48; t++) kv_stream_append(&a, x);
+    uint8_t blob[64 * 17 * 32 / 16];
+    kv_stream_save(&a, 0, blob);
+    cr_expect_eq(kv_stream_load(&b, 48, blob), -1);
+    cr_expect_eq(b.len, 0);
+    kv_stream_append(&b, x);
+    cr_expect_eq(kv_stream_load(&b, 16, blob), -1);
+    cr_expect_eq(b.len, 1);
+    kv_stream_free(&a);
+    kv_stream_free(&b);
+}
+
 Test(kv, truncate_refuses_deep_rollback) {
     KVStream s;
     open_stream(&s, kv_find("f32"), 32, 200);

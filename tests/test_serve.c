@@ -3,8 +3,9 @@
  * batch equal to the same requests alone (every scheme family), streams
  * equal to plain responses, stop strings, bad requests answered with a
  * JSON error naming the field, a full queue answered 503, a client that
- * hangs up freeing its slot. The server is $RUN_BIN on the shipped model;
- * a build without libmicrohttpd skips (its -h lists no serve). */
+ * hangs up freeing its slot, the API key. The server is $RUN_BIN on the
+ * shipped model; a build without libmicrohttpd skips (its -h lists no
+ * serve). */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <netinet/in.h>
@@ -29,6 +30,7 @@ typedef struct {
     pid_t pid;
     int port;
     char err_path[128];
+    const char *headers; /* header lines every request sends, each ending \r\n */
 } Server;
 
 /* Whether this ./run has the server. */
@@ -42,6 +44,7 @@ static int has_serve(void) {
  * line naming its port. */
 static void server_start_model(Server *s, const char *model, const char *args) {
     if (!has_serve()) cr_skip_test("this ./run was built without libmicrohttpd");
+    s->headers = "";
     snprintf(s->err_path, sizeof s->err_path, "/tmp/run_serve_err.%d", (int)getpid());
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "exec %s %s -m serve --port 0 -T 1 %s 2>%s", bin(), model, args, s->err_path);
@@ -86,7 +89,8 @@ static void server_stop(Server *s) {
 
 typedef struct {
     int status;
-    char *body;   /* malloc'd, NUL-terminated */
+    char head[1024]; /* the status line and headers (their first 1023 bytes) */
+    char *body;      /* malloc'd, NUL-terminated */
 } Reply;
 
 /* Sockets time out instead of the tests: Criterion 2.4.1's runner leaks
@@ -103,15 +107,19 @@ static int connect_to(int port) {
     return fd;
 }
 
-/* Sends an HTTP/1.0 request (so the body ends with the connection, no chunking). */
-static void send_request(int fd, const char *method, const char *path, const char *body, size_t n) {
-    char head[512];
+/* Sends an HTTP/1.0 request (so the body ends with the connection, no
+ * chunking), with extra header lines. */
+static void send_request(int fd, const char *method, const char *path, const char *headers, const char *body,
+                         size_t n) {
+    char head[1024];
     int k = snprintf(head, sizeof head, "%s %s HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\n\r\n", method, path, n);
+                     "%sContent-Length: %zu\r\n\r\n", method, path, headers, n);
     cr_assert_eq(write(fd, head, (size_t)k), k);
     for (size_t off = 0; off < n;) {
-        ssize_t w = write(fd, body + off, n - off);
-        if (w <= 0) break; /* the server may answer 413 before reading all */
+        /* the server may answer 413 or 401 before reading all, and close:
+         * an error here, not SIGPIPE */
+        ssize_t w = send(fd, body + off, n - off, MSG_NOSIGNAL);
+        if (w <= 0) break;
         off += (size_t)w;
     }
 }
@@ -128,9 +136,10 @@ static Reply read_reply(int fd) {
     b[len] = 0;
     close(fd);
     /* no status line (the connection closed unanswered): status 0, for the caller's message */
-    Reply rp = {0, NULL};
+    Reply rp = {0, "", NULL};
     if (sscanf(b, "HTTP/1.%*d %d", &rp.status) != 1) rp.status = 0;
     const char *body = strstr(b, "\r\n\r\n");
+    snprintf(rp.head, sizeof rp.head, "%.*s", body ? (int)(body - b) : 0, b);
     rp.body = strdup(body ? body + 4 : "");
     free(b);
     return rp;
@@ -138,7 +147,7 @@ static Reply read_reply(int fd) {
 
 static Reply http(const Server *s, const char *method, const char *path, const char *body) {
     int fd = connect_to(s->port);
-    send_request(fd, method, path, body ? body : "", body ? strlen(body) : 0);
+    send_request(fd, method, path, s->headers, body ? body : "", body ? strlen(body) : 0);
     return read_reply(fd);
 }
 
@@ -275,12 +284,12 @@ static void check_batched(const char *model) {
     Call alone[4], together[4];
     pthread_t t[4];
     for (int i = 0; i < 4; i++) {
-        alone[i] = (Call){&s, bodies[i], {0, NULL}};
+        alone[i] = (Call){&s, bodies[i], {0, "", NULL}};
         call(&alone[i]);
         cr_assert_eq(alone[i].r.status, 200, "%s", alone[i].r.body);
     }
     for (int i = 0; i < 4; i++) {
-        together[i] = (Call){&s, bodies[i], {0, NULL}};
+        together[i] = (Call){&s, bodies[i], {0, "", NULL}};
         pthread_create(&t[i], NULL, call, &together[i]);
     }
     for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
@@ -409,7 +418,7 @@ Test(serve, bad_requests_are_named) {
     char *b = malloc(big);
     memset(b, ' ', big);
     int fd = connect_to(s.port);
-    send_request(fd, "POST", "/v1/completions", b, big);
+    send_request(fd, "POST", "/v1/completions", s.headers, b, big);
     r = read_reply(fd);
     cr_expect_eq(r.status, 413, "%s", r.body);
     free(r.body), free(b);
@@ -446,7 +455,7 @@ static int metric_becomes(const Server *s, const char *name, long value) {
 /* A request left open: the socket, after the request is sent. */
 static int open_request(const Server *s, const char *body) {
     int fd = connect_to(s->port);
-    send_request(fd, "POST", "/v1/completions", body, strlen(body));
+    send_request(fd, "POST", "/v1/completions", s->headers, body, strlen(body));
     return fd;
 }
 
@@ -514,4 +523,118 @@ Test(serve, usage_errors) {
     free(err);
     remove(path);
     server_stop(&s);
+}
+
+/* The reply to a request with the given header lines, as a fresh client sends it. */
+static Reply http_with(Server *s, const char *headers, const char *method, const char *path, const char *body) {
+    const char *keep = s->headers;
+    s->headers = headers;
+    Reply r = http(s, method, path, body);
+    s->headers = keep;
+    return r;
+}
+
+/* A 401 as the server gives it: the JSON error saying why, the scheme in
+ * WWW-Authenticate, nothing of the key the client sent. */
+static void expect_401(Reply r, const char *says, const char *sent) {
+    cr_expect_eq(r.status, 401, "%s", r.body);
+    cr_expect(!strncmp(r.body, "{\"error\":{\"message\":", 20) && strstr(r.body, says) &&
+              strstr(r.body, "\"code\":401}}"), "expected '%s' in %s", says, r.body);
+    cr_expect(strstr(r.head, "\r\nWWW-Authenticate: Bearer"), "%s", r.head);
+    cr_expect(!sent || !strstr(r.body, sent), "the reply repeats the key sent: %s", r.body);
+    free(r.body);
+}
+
+/* With --api-key, /v1/ answers only requests carrying the key, before
+ * their body: a POST announcing 100 MB and sending none is refused at
+ * once. /health and /metrics stay open; stderr never shows the key. */
+Test(serve, api_key) {
+    Server s;
+    server_start(&s, "--api-key test-key-123");
+    const char *req = "{\"prompt\":\"In the\",\"max_tokens\":4,\"temperature\":0}";
+    expect_401(http(&s, "POST", "/v1/completions", req), "no API key", NULL);
+    expect_401(http(&s, "GET", "/v1/models", NULL), "no API key", NULL);
+    expect_401(http_with(&s, "Authorization: Bearer wrong-key-456\r\n", "POST", "/v1/completions", req),
+               "the API key is not this server's", "wrong-key-456");
+    /* the right key's prefix is as wrong as any other */
+    expect_401(http_with(&s, "Authorization: Bearer test-key-12\r\n", "GET", "/v1/models", NULL),
+               "the API key is not this server's", NULL);
+    expect_401(http_with(&s, "Authorization: Basic dGVzdC1rZXktMTIz\r\n", "GET", "/v1/models", NULL),
+               "expected Bearer", "dGVzdC1rZXktMTIz");
+    int fd = connect_to(s.port);
+    const struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const char *head = "POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                       "Content-Length: 100000000\r\n\r\n";
+    cr_assert_eq(write(fd, head, strlen(head)), (ssize_t)strlen(head));
+    expect_401(read_reply(fd), "no API key", NULL);
+    Reply r = http(&s, "GET", "/health", NULL);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    free(r.body);
+    /* nothing refused reached the engine */
+    cr_expect_eq(metric(&s, "run_requests_total"), 0);
+    s.headers = "Authorization: Bearer test-key-123\r\n";
+    r = http(&s, "POST", "/v1/completions", req);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    cr_expect(strstr(r.body, "\"object\":\"text_completion\"") && strstr(r.body, "\"completion_tokens\":4"), "%s",
+              r.body);
+    free(r.body);
+    r = http(&s, "GET", "/v1/models", NULL);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    free(r.body);
+    char *err = slurp(s.err_path, NULL);
+    cr_expect(!strstr(err, "test-key-123"), "stderr shows the key: %s", err);
+    free(err);
+    server_stop(&s);
+}
+
+/* RUN_API_KEY when there is no --api-key; the flag wins over it. */
+Test(serve, api_key_from_the_environment) {
+    setenv("RUN_API_KEY", "env-key-789", 1);
+    Server s;
+    server_start(&s, "");
+    expect_401(http(&s, "GET", "/v1/models", NULL), "no API key", NULL);
+    Reply r = http_with(&s, "Authorization: Bearer env-key-789\r\n", "GET", "/v1/models", NULL);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    free(r.body);
+    server_stop(&s);
+    server_start(&s, "--api-key flag-key-000");
+    expect_401(http_with(&s, "Authorization: Bearer env-key-789\r\n", "GET", "/v1/models", NULL),
+               "the API key is not this server's", "env-key-789");
+    r = http_with(&s, "Authorization: Bearer flag-key-000\r\n", "GET", "/v1/models", NULL);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    free(r.body);
+    server_stop(&s);
+    unsetenv("RUN_API_KEY");
+}
+
+/* A key that is empty or no header can carry: one line, exit 2, the key
+ * not in it; -h does not show the environment's key. */
+Test(serve, api_key_usage_errors) {
+    if (!has_serve()) cr_skip_test("this ./run was built without libmicrohttpd");
+    const char *pre[] = {"", "RUN_API_KEY=", "", "", "RUN_API_KEY='bad key'"};
+    const char *args[] = {"-m serve --api-key ''", "-m serve", "-m serve --api-key 'bad key'", "--api-key k",
+                          "-m serve"};
+    const char *says[] = {"--api-key: expected a key, found an empty one", "RUN_API_KEY: expected a key",
+                          "--api-key: expected printable ASCII", "are for -m serve", "RUN_API_KEY: expected printable"};
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/run_serve_usage.%d", (int)getpid());
+    for (int i = 0; i < 5; i++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "%s %s " MODEL " %s >/dev/null 2>%s", pre[i], bin(), args[i], path);
+        int st = system(cmd);
+        size_t n;
+        char *err = slurp(path, &n);
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: exit %d", cmd, WEXITSTATUS(st));
+        cr_expect(strstr(err, says[i]) && n > 0 && strchr(err, '\n') == err + n - 1, "%s: %s", cmd, err);
+        cr_expect(!strstr(err, "bad key"), "%s: the error shows the key: %s", cmd, err);
+        free(err);
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "RUN_API_KEY=env-key-789 %s -h >%s", bin(), path);
+    cr_assert_eq(system(cmd), 0);
+    char *help = slurp(path, NULL);
+    cr_expect(strstr(help, "  --api-key KEY    ") && !strstr(help, "env-key-789"), "%s", help);
+    free(help);
+    remove(path);
 }
