@@ -169,6 +169,52 @@ static void take_token(Engine *e, Job *j, int x) {
     pthread_cond_broadcast(&j->cond);
 }
 
+static void warn_line(const char *w) {
+    if (w[0]) fprintf(stderr, "warning: %s\n", w);
+}
+
+/* Jobs just admitted load what the prefix cache holds of their prompts
+ * (the lock held on entry and exit, dropped around each load, which only
+ * this thread's jobs and caches take part in). The prompt's last token
+ * is always computed: its logits begin the reply. */
+static void reuse(Engine *e) {
+    for (int i = 0; e->prefix && i < e->o.parallel; i++) {
+        Job *j = e->active[i];
+        if (!j || j->looked) continue;
+        j->looked = 1;
+        char warn[1024];
+        pthread_mutex_unlock(&e->mu);
+        prefix_start(e->prefix, &j->spec, &j->pk);
+        const int n = prefix_load(e->prefix, &j->kv, j->ids, j->n_ids - 1, &j->pk, warn, sizeof warn);
+        warn_line(warn);
+        pthread_mutex_lock(&e->mu);
+        j->fed = j->reused = n;
+        prefix_stats(e->prefix, &e->pst);
+    }
+}
+
+/* A prompt slice from j->fed: at most n rows, ending at the next chunk's
+ * end when chunks are kept (there the cache and a hybrid's state are the
+ * chunk's to store). */
+static int slice_rows(const Engine *e, const Job *j, int n) {
+    if (j->n_ids - j->fed < n) n = j->n_ids - j->fed;
+    if (e->prefix) {
+        const int C = prefix_chunk(e->prefix), to_end = (j->fed / C + 1) * C - j->fed;
+        if (to_end < n) n = to_end;
+    }
+    return n;
+}
+
+/* After a forward, a prompt that reached a chunk's end stores that chunk
+ * (the engine thread, the lock not held). */
+static void keep_chunk(Engine *e, Job *j) {
+    const int len = kv_cache_len(&j->kv), C = e->prefix ? prefix_chunk(e->prefix) : 0;
+    if (!C || len % C || len > j->n_ids || len != j->pk.t + C) return;
+    char warn[1024];
+    prefix_store(e->prefix, &j->kv, j->ids, &j->pk, warn, sizeof warn);
+    warn_line(warn);
+}
+
 /* One step (the lock held on entry and exit, dropped around the forward
  * and the samplers): decoding jobs first, one row each, then prompt
  * slices in slot order with the rows left. */
@@ -179,7 +225,7 @@ static void step(Engine *e) {
         for (int i = 0; i < e->o.parallel && rows < cap; i++) {
             Job *j = e->active[i];
             if (!j || (j->fed < j->n_ids) != pass) continue;
-            const int n = pass ? (j->n_ids - j->fed < cap - rows ? j->n_ids - j->fed : cap - rows) : 1;
+            const int n = pass ? slice_rows(e, j, cap - rows) : 1;
             /* a prompt slice that does not end its prompt needs no logits; the
              * rows that do lie back to back, which model_forward_batch fills in place */
             float *lg = pass && j->fed + n < j->n_ids ? NULL : e->logits + (size_t)nl++ * V;
@@ -202,8 +248,10 @@ static void step(Engine *e) {
         Job *j = e->in_step[i];
         /* a prompt slice that does not end the prompt samples nothing */
         tok[i] = e->seqs[i].logits && !e->seqs[i].failed ? sampler_sample(&j->smp, e->seqs[i].logits) : -1;
+        if (e->seqs[i].tokens != &j->next && !e->seqs[i].failed) keep_chunk(e, j);
     }
     pthread_mutex_lock(&e->mu);
+    if (e->prefix) prefix_stats(e->prefix, &e->pst);
     for (int i = 0; i < ns; i++) {
         Job *j = e->in_step[i];
         if ((rc && (!some || e->seqs[i].failed)) || !tok) {
@@ -234,6 +282,7 @@ static void *engine_main(void *arg) {
         admit(e);
         for (int i = 0; i < e->o.parallel; i++)
             if (e->active[i] && e->active[i]->cancelled) job_end(e, e->active[i], "stop", NULL);
+        reuse(e);
         step(e);
     }
     /* stopping: every job ends, so that no connection waits on it */
@@ -269,6 +318,14 @@ int engine_init(Engine *e, Model *m, const Tokenizer *tok, const EngineOpts *o, 
         snprintf(err, errlen, "out of memory for %d parallel sequences' logits", o->parallel);
         engine_free(e);
         return -1;
+    }
+    if (o->cache_bytes > 0) {
+        if (prefix_init(&e->prefix, (size_t)o->cache_bytes, o->cache_chunk, o->cache_dir, model_identity(m), err,
+                        errlen)) {
+            engine_free(e);
+            return -1;
+        }
+        prefix_stats(e->prefix, &e->pst);
     }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work, NULL);
@@ -313,6 +370,8 @@ void engine_free(Engine *e) {
     free(e->in_step);
     free(e->logits);
     free(e->piece);
+    char warn[1024];
+    if (prefix_free(e->prefix, warn, sizeof warn)) fprintf(stderr, "warning: %s\n", warn);
     memset(e, 0, sizeof *e);
 }
 
@@ -400,7 +459,8 @@ int engine_wait(Engine *e, Job *j, size_t *sent, char **out, size_t *n, double t
 void engine_metrics(Engine *e, FILE *f) {
     pthread_mutex_lock(&e->mu);
     const EngineStats s = e->st;
-    const int active = e->n_active, queued = e->n_queued;
+    const PrefixStats ps = e->pst;
+    const int active = e->n_active, queued = e->n_queued, has_prefix = e->prefix != NULL;
     const double used = e->used;
     /* each scheme's cache bytes over the active jobs */
     char names[64][64];
@@ -443,4 +503,32 @@ void engine_metrics(Engine *e, FILE *f) {
     fprintf(f, "# HELP run_kv_cache_bytes Bytes of the active sequences' caches, per scheme.\n"
                "# TYPE run_kv_cache_bytes gauge\n");
     for (int k = 0; k < nn; k++) fprintf(f, "run_kv_cache_bytes{scheme=\"%s\"} %.0f\n", names[k], bytes[k]);
+    if (!has_prefix) return;
+    /* prompt tokens are those computed; the reused ones were loaded instead */
+    const double all = (double)ps.reused + (double)s.prompt_tokens;
+    fprintf(f, "# HELP run_prefix_reused_tokens_total Prompt tokens loaded from the prefix cache, not computed.\n"
+               "# TYPE run_prefix_reused_tokens_total counter\nrun_prefix_reused_tokens_total %ld\n"
+               "# HELP run_prefix_reuse_ratio Reused prompt tokens over all prompt tokens.\n"
+               "# TYPE run_prefix_reuse_ratio gauge\nrun_prefix_reuse_ratio %.6f\n", ps.reused, all > 0 ? ps.reused / all : 0);
+    fprintf(f, "# HELP run_prefix_chunk_hits_total Chunk lookups that found one.\n"
+               "# TYPE run_prefix_chunk_hits_total counter\nrun_prefix_chunk_hits_total %ld\n"
+               "# HELP run_prefix_chunk_misses_total Chunk lookups that did not.\n"
+               "# TYPE run_prefix_chunk_misses_total counter\nrun_prefix_chunk_misses_total %ld\n", ps.hits, ps.misses);
+    fprintf(f, "# HELP run_prefix_chunks_stored_total Chunks put in memory.\n"
+               "# TYPE run_prefix_chunks_stored_total counter\nrun_prefix_chunks_stored_total %ld\n"
+               "# HELP run_prefix_evictions_total Chunks pushed out of memory (to the folder when there is one).\n"
+               "# TYPE run_prefix_evictions_total counter\nrun_prefix_evictions_total %ld\n", ps.stored, ps.evicted);
+    fprintf(f, "# HELP run_prefix_disk_reads_total Chunks read from --cache-dir.\n"
+               "# TYPE run_prefix_disk_reads_total counter\nrun_prefix_disk_reads_total %ld\n"
+               "# HELP run_prefix_disk_writes_total Chunks written to --cache-dir.\n"
+               "# TYPE run_prefix_disk_writes_total counter\nrun_prefix_disk_writes_total %ld\n"
+               "# HELP run_prefix_disk_errors_total Chunk files that could not be written or used.\n"
+               "# TYPE run_prefix_disk_errors_total counter\nrun_prefix_disk_errors_total %ld\n", ps.disk_reads,
+            ps.disk_writes, ps.disk_errors);
+    fprintf(f, "# HELP run_prefix_budget_bytes The prefix cache's memory (--cache-mb).\n"
+               "# TYPE run_prefix_budget_bytes gauge\nrun_prefix_budget_bytes %zu\n"
+               "# HELP run_prefix_cache_bytes Bytes of chunks held in memory, per scheme.\n"
+               "# TYPE run_prefix_cache_bytes gauge\n", ps.budget);
+    for (int k = 0; k < ps.n_schemes; k++)
+        fprintf(f, "run_prefix_cache_bytes{scheme=\"%s\"} %zu\n", ps.scheme[k], ps.scheme_bytes[k]);
 }

@@ -12,6 +12,10 @@
  * those it would get alone.
  *
  *   queue --admit--> slots [parallel] --step--> model_forward_batch --> samplers --> job text
+ *
+ * With a prefix cache (kv/prefix.h), a job just admitted first loads the
+ * chunks of its prompt that an earlier job computed, and its prompt
+ * slices end at chunk ends, where the cache's new chunk is stored.
  */
 #ifndef ENGINE_H
 #define ENGINE_H
@@ -20,6 +24,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "kv/prefix.h"
 #include "model/model.h"
 #include "sample/sampler.h"
 #include "serve/request.h"
@@ -44,6 +49,9 @@ typedef struct Job {
     double budget;        /* bytes of the memory budget the cache holds */
     double bytes;         /* bytes the cache (and a hybrid's state) took when opened, for /metrics */
     int fed;              /* prompt tokens in the cache */
+    int reused;           /* of which loaded from the prefix cache */
+    int looked;           /* the prefix cache was asked */
+    PrefixKey pk;         /* the prefix key of its cache's chunks so far */
     int next;             /* a decoding job's sampled token, not yet in the cache */
     /* shared, under the engine's lock */
     JobState state;
@@ -65,6 +73,9 @@ typedef struct {
     int queue;            /* jobs waiting at most */
     double budget;        /* bytes all caches may take together */
     int threads;          /* OpenMP threads of the forward (a new thread does not inherit -T) */
+    double cache_bytes;   /* the prefix cache's memory; 0: no prefix reuse */
+    int cache_chunk;      /* positions per chunk */
+    const char *cache_dir; /* where chunks spill and persist, or NULL */
 } EngineOpts;
 
 /* Counters for GET /metrics, under the engine's lock. */
@@ -92,6 +103,8 @@ typedef struct {
     int n_active;
     double used;          /* bytes of the budget held */
     EngineStats st;
+    PrefixCache *prefix;  /* NULL without prefix reuse; the engine thread's */
+    PrefixStats pst;      /* its counters, copied under the lock */
     /* step scratch */
     ModelSeq *seqs;       /* [parallel] */
     Job **in_step;        /* [parallel] */
@@ -100,13 +113,16 @@ typedef struct {
     size_t piece_cap;
 } Engine;
 
-/* Starts the engine's thread. 0 ok, -1 with one line in err. */
+/* Starts the engine's thread (and opens the prefix cache). 0 ok, -1 with
+ * one line in err. */
 int engine_init(Engine *e, Model *m, const Tokenizer *tok, const EngineOpts *o, char *err, size_t errlen);
 /* Stops the thread and ends every job (err "the server is stopping");
  * later submissions are refused. Connections may still wait on and
  * release their jobs until engine_free. */
 void engine_stop(Engine *e);
-/* Stops the engine if it runs, and frees it. */
+/* Stops the engine if it runs, and frees it; the prefix cache's chunks
+ * go to its folder first (a chunk that cannot be written is named on
+ * stderr). */
 void engine_free(Engine *e);
 /* Queues j (its fields above "the engine's own" set; refs is set here to
  * 2). 0 queued; -1 the queue is full, -2 the engine is stopping (j

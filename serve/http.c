@@ -141,8 +141,9 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, con
 
 /* The usage object every response carries. */
 static void put_usage(FILE *f, const Job *j) {
-    fprintf(f, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", j->n_ids, j->n_gen,
-            j->n_ids + j->n_gen);
+    fprintf(f, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+               "\"prompt_tokens_details\":{\"cached_tokens\":%d}}", j->n_ids, j->n_gen,
+            j->n_ids + j->n_gen, j->reused);
 }
 
 /* The head every response and chunk begins with. */
@@ -555,7 +556,8 @@ int serve_run(const ServeOpts *o, Model *m, const Tokenizer *tok, char *err, siz
     atomic_init(&s.ids, 1);
     int port = 0, fd = listen_on(o->host, o->port, &port, err, errlen);
     if (fd < 0) return -1;
-    EngineOpts eo = {.parallel = o->parallel, .queue = o->queue, .budget = o->budget, .threads = omp_get_max_threads()};
+    EngineOpts eo = {.parallel = o->parallel, .queue = o->queue, .budget = o->budget, .threads = omp_get_max_threads(),
+                     .cache_bytes = o->cache_bytes, .cache_chunk = o->cache_chunk, .cache_dir = o->cache_dir};
     if (engine_init(&s.e, m, tok, &eo, err, errlen)) {
         close(fd);
         return -1;

@@ -41,6 +41,9 @@ typedef struct {
     int think;               /* chat: enable_thinking when a request does not say */
     const char *model_name;  /* what /v1/models lists */
     const char *api_key;     /* /v1/ requests must send Authorization: Bearer api_key; NULL: open */
+    double cache_bytes;      /* the prefix cache's memory; 0: no prefix reuse */
+    int cache_chunk;         /* positions per chunk */
+    const char *cache_dir;   /* the folder chunks spill to and persist in, or NULL */
     volatile sig_atomic_t *stop; /* set (by a signal handler) to stop serving */
 } ServeOpts;
 

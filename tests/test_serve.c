@@ -45,7 +45,8 @@ static int has_serve(void) {
 static void server_start_model(Server *s, const char *model, const char *args) {
     if (!has_serve()) cr_skip_test("this ./run was built without libmicrohttpd");
     s->headers = "";
-    snprintf(s->err_path, sizeof s->err_path, "/tmp/run_serve_err.%d", (int)getpid());
+    static int n_started;
+    snprintf(s->err_path, sizeof s->err_path, "/tmp/run_serve_err.%d.%d", (int)getpid(), n_started++);
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "exec %s %s -m serve --port 0 -T 1 %s 2>%s", bin(), model, args, s->err_path);
     s->pid = fork();
@@ -450,6 +451,83 @@ static int metric_becomes(const Server *s, const char *name, long value) {
         usleep(100000);
     }
     return 0;
+}
+
+/* A completion body for prompt (a long shared part and a tail) in scheme kv. */
+static char *prefix_body(const char *tail, const char *kv) {
+    char *b = malloc(4096);
+    int w = snprintf(b, 4096, "{\"prompt\":\"");
+    for (int i = 0; i < 10; i++) w += snprintf(b + w, 4096 - (size_t)w, "In the beginning God created the heaven and the earth. ");
+    snprintf(b + w, 4096 - (size_t)w, "%s\",\"max_tokens\":16,\"temperature\":0,\"kv\":\"%s\"}", tail, kv);
+    return b;
+}
+
+static int cached_tokens(const char *body) {
+    const char *p = strstr(body, "\"cached_tokens\":");
+    return p ? atoi(p + strlen("\"cached_tokens\":")) : -1;
+}
+
+/* Exact prefix reuse: a prompt sharing its first hundred tokens with an
+ * earlier one loads their chunks (usage says how many) and gets the text
+ * a cold server gives, for schemes of each storage form, on the Qwen3
+ * model and on the hybrid; and a server restarted on the same
+ * --cache-dir finds the chunks the last one wrote. */
+static void check_warm(const char *model, const char *const *kv, int nkv) {
+    Server cold, warm;
+    server_start_model(&cold, model, "--cache-mb 0");
+    server_start_model(&warm, model, "--cache-chunk 32");
+    for (int i = 0; i < nkv; i++) {
+        char *a = prefix_body("And the earth was without form.", kv[i]), *b = prefix_body("Blessed are the meek.", kv[i]);
+        Reply rc = http(&cold, "POST", "/v1/completions", b);
+        Reply ra = http(&warm, "POST", "/v1/completions", a);
+        Reply rb = http(&warm, "POST", "/v1/completions", b);
+        cr_assert(rc.status == 200 && ra.status == 200 && rb.status == 200, "%s %s: %s %s", model, kv[i], rc.body, rb.body);
+        char *tc = json_str(rc.body, "text"), *tb = json_str(rb.body, "text");
+        cr_expect(tc && tb && !strcmp(tc, tb), "%s %s: cold '%s', warm '%s'", model, kv[i], tc, tb);
+        cr_expect_eq(cached_tokens(rc.body), 0, "%s", rc.body);
+        cr_expect_eq(cached_tokens(ra.body), 0, "%s", ra.body);
+        cr_expect_geq(cached_tokens(rb.body), 64, "%s %s: %s", model, kv[i], rb.body);
+        free(a), free(b), free(tc), free(tb), free(rc.body), free(ra.body), free(rb.body);
+    }
+    cr_expect_gt(metric(&warm, "run_prefix_reused_tokens_total"), 0);
+    server_stop(&cold);
+    server_stop(&warm);
+}
+
+Test(serve, prefix_reuse_is_exact) {
+    const char *const kv[] = {"f32", "tbq4", "kivi2", "q8/q4"};
+    check_warm(MODEL, kv, 4);
+}
+
+Test(serve, prefix_reuse_is_exact_hybrid) {
+    const char *const kv[] = {"f16", "tbq4"};
+    check_warm("models/qwen35-kjv-mtp", kv, 2);
+}
+
+Test(serve, prefix_cache_outlives_the_server) {
+    char dir[64], args[160], cmd[128];
+    snprintf(dir, sizeof dir, "/tmp/run-serve-cache-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(args, sizeof args, "--cache-chunk 32 --cache-dir %s", dir);
+    Server s;
+    char *a = prefix_body("And the earth was without form.", "tbq4"), *b = prefix_body("Blessed are the meek.", "tbq4");
+    server_start(&s, "--cache-mb 0");
+    Reply rc = http(&s, "POST", "/v1/completions", b);
+    server_stop(&s);
+    server_start(&s, args);
+    Reply ra = http(&s, "POST", "/v1/completions", a);
+    server_stop(&s);
+    server_start(&s, args);
+    Reply rb = http(&s, "POST", "/v1/completions", b);
+    cr_assert(rc.status == 200 && ra.status == 200 && rb.status == 200, "%s", rb.body);
+    char *tc = json_str(rc.body, "text"), *tb = json_str(rb.body, "text");
+    cr_expect(tc && tb && !strcmp(tc, tb), "cold '%s', after a restart '%s'", tc, tb);
+    cr_expect_geq(cached_tokens(rb.body), 64, "%s", rb.body);
+    cr_expect_gt(metric(&s, "run_prefix_disk_reads_total"), 0);
+    server_stop(&s);
+    free(a), free(b), free(tc), free(tb), free(rc.body), free(ra.body), free(rb.body);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
 }
 
 /* A request left open: the socket, after the request is sent. */
