@@ -212,6 +212,19 @@ int request_parse(const char *body, size_t n, int chat, int thinking, int open_t
     r->max_tokens = -1;
     r->frequency = r->presence = r->repetition = NAN;
     char jerr[256];
+    /* JSON text is UTF-8 (RFC 8259): other bytes would reach the tokenizer
+     * as byte tokens, a prompt no client meant */
+    if (!utf8_valid(body, n)) {
+        size_t at = 0, k = 1;
+        while (k <= 4 && at < n)
+            for (k = 1; k <= 4 && at + k <= n; k++)
+                if (utf8_valid(body + at, k)) {
+                    at += k;
+                    break;
+                }
+        snprintf(err, errlen, "the body is not UTF-8 (byte %zu)", at);
+        return -1;
+    }
     Json *o = json_parse(body, n, jerr, sizeof jerr);
     if (!o) {
         snprintf(err, errlen, "the body is not JSON: %s", jerr);

@@ -392,6 +392,9 @@ Test(serve, bad_requests_are_named) {
                                  "{\"type\":\"json_object\"}}", "response_format: not supported", 400},
         {"/v1/completions", "{\"prompt\":\"x\",\"stream\":1}", "stream: expected true or false", 400},
         {"/v1/completions", "{\"prompt\":\"\"}", "prompt: empty", 400},
+        {"/v1/completions", "{\"prompt\":\"ab\xff\xfe\"}", "the body is not UTF-8 (byte 13)", 400},
+        {"/v1/completions", "{\"prompt\":\"\xc3\xa9\xed\xa0\x80\"}", "the body is not UTF-8 (byte 13)", 400},
+        {"/v1/completions", "{\"prompt\":\"a\\ud800b\"}", "unpaired surrogate", 400},
         {"/v1/chat/completions", "{\"messages\":[]}", "messages: expected an array of 1 to", 400},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages[0].role", 400},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
@@ -528,6 +531,74 @@ Test(serve, prefix_cache_outlives_the_server) {
     free(a), free(b), free(tc), free(tb), free(rc.body), free(ra.body), free(rb.body);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_expect_eq(system(cmd), 0);
+}
+
+/* Sixteen clients at once against four slots and a queue of twelve,
+ * half of them streaming: every one gets a whole answer (its tokens, its
+ * finish_reason, a stream's [DONE]), none an error, in bounded time. */
+typedef struct {
+    const Server *s;
+    int i;
+    Reply r;
+} Client;
+
+static void *client(void *p) {
+    Client *c = p;
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0.7,\"seed\":%d,\"stream\":%s}",
+             c->i % 3 ? "And God said" : "Blessed are the", 8 + c->i % 5, c->i, c->i % 2 ? "true" : "false");
+    c->r = http(c->s, "POST", "/v1/completions", body);
+    return NULL;
+}
+
+Test(serve, sixteen_clients_at_once) {
+    Server s;
+    server_start(&s, "-np 4 --queue 12");
+    Client c[16];
+    pthread_t t[16];
+    for (int i = 0; i < 16; i++) {
+        c[i] = (Client){&s, i, {0, "", NULL}};
+        pthread_create(&t[i], NULL, client, &c[i]);
+    }
+    for (int i = 0; i < 16; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 16; i++) {
+        cr_expect_eq(c[i].r.status, 200, "client %d: %s", i, c[i].r.body);
+        cr_expect(strstr(c[i].r.body, "\"finish_reason\":\"length\"") != NULL, "client %d: %s", i, c[i].r.body);
+        if (i % 2) cr_expect(strstr(c[i].r.body, "data: [DONE]\n\n") != NULL, "client %d: %s", i, c[i].r.body);
+        char want[64];
+        snprintf(want, sizeof want, "\"completion_tokens\":%d", 8 + i % 5);
+        cr_expect(strstr(c[i].r.body, want) != NULL, "client %d: %s", i, c[i].r.body);
+        free(c[i].r.body);
+    }
+    cr_expect_eq(metric(&s, "run_requests_failed_total"), 0);
+    cr_expect_eq(metric(&s, "run_requests_rejected_total"), 0);
+    server_stop(&s);
+}
+
+/* curl, as a user types it: a chat completion, a streamed one (-N), and
+ * the same text in both. */
+Test(serve, curl) {
+    if (system("curl --version >/dev/null 2>&1")) cr_skip_test("no curl here");
+    Server s;
+    server_start(&s, "");
+    char cmd[1024], path[64];
+    snprintf(path, sizeof path, "/tmp/run_serve_curl.%d", (int)getpid());
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Who made the light?\"}],\"max_tokens\":12,"
+                       "\"temperature\":0";
+    snprintf(cmd, sizeof cmd, "curl -sf http://127.0.0.1:%d/v1/chat/completions -H 'Content-Type: application/json' "
+             "-d '%s}' >%s", s.port, body, path);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    char *plain = slurp(path, NULL), *text = json_str(plain, "content");
+    cr_expect(text && strstr(plain, "\"object\":\"chat.completion\"") && strstr(plain, "\"usage\""), "%s", plain);
+    snprintf(cmd, sizeof cmd, "curl -sfN http://127.0.0.1:%d/v1/chat/completions -d '%s,\"stream\":true}' >%s", s.port,
+             body, path);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    char *sse = slurp(path, NULL), *streamed = sse_text(sse, "content");
+    cr_expect(strstr(sse, "data: [DONE]\n\n") != NULL, "%s", sse);
+    cr_expect(text && !strcmp(streamed, text), "streamed '%s', plain '%s'", streamed, text);
+    free(plain), free(text), free(sse), free(streamed);
+    remove(path);
+    server_stop(&s);
 }
 
 /* A request left open: the socket, after the request is sent. */
