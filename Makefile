@@ -10,6 +10,7 @@
 #   make fuzz       build the libFuzzer harnesses (tests/fuzz/) into build-fuzz/
 #   make fuzz-run   run each for FUZZ_SECONDS (default 60) from its seed corpus
 #   make bench      measure speed (about 12 minutes)
+#   make bench-serve the server's speed: users at once, prefix reuse (about 10 minutes)
 #   make bench-cuda the CUDA path's speed (needs a GPU; docs/cuda.md)
 #   make gpu-build  build-gpu/: what tools/gpu-check.sh runs on a GPU machine
 #   make figures    remake docs/compare-kjv.svg, the README's plot
@@ -64,7 +65,7 @@ $(BUILD)/%.cu.o: %.cu $(HDRS) kernels/cuda_common.cuh
 endif
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all run test test-asan test-plain aarch64 test-aarch64 bench bench-cuda gpu-build clean figures FORCE
+.PHONY: all run test test-asan test-plain aarch64 test-aarch64 bench bench-serve bench-cuda gpu-build clean figures FORCE
 # ./run is a copy of $(BUILD)/run, so that "make run" can be the command that runs it.
 all: $(BUILD)/run models/qwen3-kjv-mtp.bin
 	@cp $(BUILD)/run run.tmp && mv -f run.tmp run
@@ -106,7 +107,7 @@ $(BUILD)/test_all: $(TEST_OBJ) $(BUILD)/librun.a
 # and the tools' tests the binaries in $(TOOLS_DIR).
 # Criterion runs tests in parallel processes: passive OpenMP waiting keeps
 # their threads from spinning against each other on a small machine.
-test: $(BUILD)/run $(BUILD)/test_all $(BUILD)/make_model $(BUILD)/bench $(BUILD)/bench_attn
+test: $(BUILD)/run $(BUILD)/test_all $(BUILD)/make_model $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/bench_serve
 	OMP_WAIT_POLICY=passive RUN_BIN=$(BUILD)/run TOOLS_DIR=$(BUILD) $(BUILD)/test_all $(TEST_ARGS)
 
 test-asan:
@@ -129,7 +130,7 @@ $(BUILD)/plain/%.o: %.c $(HDRS) tests/runner/criterion/criterion.h
 $(BUILD)/test_plain: $(PLAIN_OBJ) $(BUILD)/librun.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-test-plain: $(BUILD)/run $(BUILD)/test_plain $(BUILD)/make_model $(BUILD)/bench $(BUILD)/bench_attn
+test-plain: $(BUILD)/run $(BUILD)/test_plain $(BUILD)/make_model $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/bench_serve
 	OMP_WAIT_POLICY=passive RUN_BIN=$(BUILD)/run TOOLS_DIR=$(BUILD) $(BUILD)/test_plain $(TEST_ARGS)
 
 # aarch64 (docs/arm.md): cross-built with Debian's gcc-aarch64-linux-gnu and
@@ -190,6 +191,9 @@ $(BUILD)/bench_attn: $(BUILD)/tools/bench_attn.o $(BUILD)/librun.a
 $(BUILD)/bench: $(BUILD)/tools/bench.o $(BUILD)/librun.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
+$(BUILD)/bench_serve: $(BUILD)/tools/bench_serve.o
+	$(CC) $(CFLAGS) -o $@ $^ -lpthread
+
 $(BUILD)/bench_cuda: $(BUILD)/tools/bench_cuda.o $(BUILD)/librun.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -232,6 +236,15 @@ bench: $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/run bench/qwen3-0.6b bench/qw
 	$(BUILD)/bench_attn --layers 28 8192 32768
 	RUN_BIN=$(BUILD)/run sh tools/bench_spec.sh
 	$(BUILD)/bench bench/qwen3.5-0.8b --threads 2 --ctx 4096 --kv f16 --vs bench/qwen3-0.6b
+
+# The server as its users see it (tools/bench_serve.c): aggregate tok/s,
+# time to first token and the gaps between tokens at 1, 4, 16 and 32
+# users, f16 and tbq4 caches, the shipped model then Qwen3-0.6B's shape;
+# then a 2K-token document's first token cold and warm (prefix reuse).
+# About 10 minutes on 2 cores.
+bench-serve: $(BUILD)/bench_serve $(BUILD)/run bench/qwen3-0.6b
+	RUN_BIN=$(BUILD)/run $(BUILD)/bench_serve models/qwen3-kjv-mtp --tokens 64
+	RUN_BIN=$(BUILD)/run $(BUILD)/bench_serve bench/qwen3-0.6b
 
 clean:
 	rm -rf build build-asan build-fuzz build-aarch64 build-gpu run models/qwen3-kjv-mtp.bin

@@ -525,6 +525,8 @@ void engine_metrics(Engine *e, FILE *f) {
                "# HELP run_prefix_disk_errors_total Chunk files that could not be written or used.\n"
                "# TYPE run_prefix_disk_errors_total counter\nrun_prefix_disk_errors_total %ld\n", ps.disk_reads,
             ps.disk_writes, ps.disk_errors);
+    fprintf(f, "# HELP run_prefix_chunk_size Positions per chunk (--cache-chunk).\n"
+               "# TYPE run_prefix_chunk_size gauge\nrun_prefix_chunk_size %d\n", e->o.cache_chunk);
     fprintf(f, "# HELP run_prefix_budget_bytes The prefix cache's memory (--cache-mb).\n"
                "# TYPE run_prefix_budget_bytes gauge\nrun_prefix_budget_bytes %zu\n"
                "# HELP run_prefix_cache_bytes Bytes of chunks held in memory, per scheme.\n"

@@ -109,6 +109,11 @@ Test(tools, bad_arguments_exit_2_with_one_line) {
         {"bench_attn", "8192abc", "usage: bench_attn"},
         {"bench_attn", "--layers 3x 1024", "usage: bench_attn"},
         {"bench_attn", "--kv q8,nope 1024", "--kv: no scheme 'nope'"},
+        {"bench_serve", "", "usage: bench_serve"},
+        {"bench_serve", "m --tokens", "usage: bench_serve"},
+        {"bench_serve", "m --tokens 0", "--tokens: expected a whole number >= 1, found '0'"},
+        {"bench_serve", "m --users 1,x", "--users: expected user counts in 1..256"},
+        {"bench_serve", "m --speed 3", "usage: bench_serve"},
     };
     const int pid = (int)getpid();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -125,4 +130,25 @@ Test(tools, bad_arguments_exit_2_with_one_line) {
         remove(path);
     }
     cr_expect_neq(access("/tmp/run_tools_never", F_OK), 0, "make_model created its --out before refusing");
+}
+
+/* bench_serve on the shipped model, briefly: both tables, every row, and
+ * the warm prompt finding the document's chunks in the cache. */
+Test(tools, bench_serve_runs) {
+    if (sh("%s -h | grep -q ' | serve'", run_bin())) cr_skip_test("this ./run was built without libmicrohttpd");
+    const int pid = (int)getpid();
+    int rc = sh("RUN_BIN=%s %s/bench_serve models/qwen3-kjv-mtp --users 1,3 --tokens 4 --prefix 200 --threads 1 "
+                ">/tmp/run_bench_serve.%d 2>&1", run_bin(), tools(), pid);
+    char path[64], out[4096];
+    snprintf(path, sizeof path, "/tmp/run_bench_serve.%d", pid);
+    slurp(path, out, sizeof out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "\nf16        1 ") && strstr(out, "\nf16        3 ") && strstr(out, "\ntbq4       3 "), "%s", out);
+    int prompt = 0, cached = 0;
+    const char *t = strstr(out, "\nkv     prompt");
+    t = t ? strstr(t, "\ntbq4 ") : NULL;
+    cr_assert(t && sscanf(t, "\ntbq4 %d %d", &prompt, &cached) == 2, "%s", out);
+    cr_expect(prompt >= 200 && cached >= 128 && cached < prompt, "%s", out);
+    cr_expect(strstr(out, "tbq4 holds") != NULL, "%s", out);
+    remove(path);
 }
