@@ -30,6 +30,7 @@
 #include "format/file.h"
 #include "format/quote.h"
 #include "kernels/cuda.h"
+#include "kv/kvfile.h"
 #include "model/gpu.h"
 #include "model/model.h"
 #include "sample/sampler.h"
@@ -59,6 +60,7 @@
 typedef struct {
     const char *model, *prompt, *prompt_file, *mode, *system, *kv, *ctk, *ctv, *out, *dev, *host;
     const char *api_key;  /* serve: --api-key, else $RUN_API_KEY */
+    const char *session;  /* chat: --session, the conversation's file */
     int n, top_k, ctx, threads, think, spec; /* n: -1 = no limit; spec: -1 = default */
     int wq_q8, draft_q8;  /* -wq, -wq-draft: 1 = q8 */
     int act_bf16;         /* -act: 1 = bf16 */
@@ -67,6 +69,8 @@ typedef struct {
     float repeat, frequency, presence; /* penalties over the last repeat_n tokens */
     int repeat_n;
     int port, parallel, queue, kv_mb; /* serve */
+    int cache_mb, cache_chunk;        /* serve's prefix cache: -1 and 0 when not given */
+    const char *cache_dir;
     unsigned long long seed;
     /* which options were given (the rest fall back to generation_config.json or defaults) */
     int set_temp, set_top_p, set_top_k, set_min_p, set_seed, set_n, set_kv;
@@ -92,6 +96,7 @@ static const Option options[] = {
     {{"-i", "--prompt"}, OPT_STR, AT(prompt), 0, 0, 0, "a text"},
     {{"-f", "--file"}, OPT_STR, AT(prompt_file), 0, 0, 0, "a file"},
     {{"-y", "--system-prompt"}, OPT_STR, AT(system), 0, 0, 0, "a text"},
+    {{"--session"}, OPT_STR, AT(session), 0, 0, 0, "a file"},
     {{"-kv"}, OPT_STR, AT(kv), AT(set_kv), 0, 0, "a KV scheme"},
     {{"-ctk", "--cache-type-k"}, OPT_STR, AT(ctk), 0, 0, 0, "a KV scheme"},
     {{"-ctv", "--cache-type-v"}, OPT_STR, AT(ctv), 0, 0, 0, "a KV scheme"},
@@ -121,6 +126,9 @@ static const Option options[] = {
     {{"--queue"}, OPT_INT, AT(queue), 0, 0, 1 << 20, "a request count >= 0"},
     {{"--kv-mb"}, OPT_INT, AT(kv_mb), 0, 1, 1 << 30, "megabytes >= 1"},
     {{"--api-key"}, OPT_STR, AT(api_key), 0, 0, 0, "a key"},
+    {{"--cache-mb"}, OPT_INT, AT(cache_mb), 0, 0, 1 << 30, "megabytes >= 0"},
+    {{"--cache-chunk"}, OPT_INT, AT(cache_chunk), 0, 16, 65536, "positions in 16..65536, a multiple of 16"},
+    {{"--cache-dir"}, OPT_STR, AT(cache_dir), 0, 0, 0, "a folder"},
 };
 
 static const char *const modes[] = {"generate", "chat", "tokenize", "detokenize", "logits", "ppl",
@@ -164,6 +172,8 @@ static void usage(FILE *f) {
             "                   takes under -dev cuda); elsewhere it is an error\n"
             "  -y TEXT          system prompt (chat)                                       (--system-prompt)\n"
             "  -think 0|1       chat: let the model think (default 1)\n"
+            "  --session FILE   chat: its KV cache and turns are read from FILE when it exists, and\n"
+            "                   written there when the chat ends: the chat continues across runs\n"
             "  -spec N          speculative decoding with the model's MTP head, N drafts per step\n"
             "                   (default 3 when the model has one; 0 = off)                (--draft)\n"
             "  -wq TYPE         matmul weights: stored (default) | q8 (converted at load to q8_0 blocks:\n"
@@ -192,6 +202,10 @@ static void usage(FILE *f) {
             "                   positions in the -kv scheme)\n"
             "  --api-key KEY    /v1/ requests must carry Authorization: Bearer KEY, else 401; /health\n"
             "                   and /metrics stay open (default: $RUN_API_KEY, else no key)\n"
+            "  --cache-mb N     megabytes of prompt KV kept for exact prefix reuse (default 1024, 0 = off)\n"
+            "  --cache-chunk N  positions per reused chunk, a multiple of 16 (default 64; hybrid 256)\n"
+            "  --cache-dir DIR  chunks leaving memory, and all at exit, are written to DIR and read back\n"
+            "                   from it, across restarts (default: none)\n"
 #endif
             "  -h, --help       this help;  --version  the version, the kernels this CPU runs and the\n"
             "                   CUDA architectures compiled in\n"
@@ -285,8 +299,11 @@ static int check_args(Args *a) {
         return usage_error("-m serve takes its prompts from requests: not -i or -f");
     if (serve && a->spec > 0)
         return usage_error("-m serve: -spec %d: the server does not draft (yet); drop -spec", a->spec);
-    if (!serve && (a->host || a->port >= 0 || a->parallel || a->queue >= 0 || a->kv_mb || a->api_key))
-        return usage_error("--host, --port, -np, --queue, --kv-mb and --api-key are for -m serve");
+    if (!serve && (a->host || a->port >= 0 || a->parallel || a->queue >= 0 || a->kv_mb || a->api_key ||
+                   a->cache_mb >= 0 || a->cache_chunk || a->cache_dir))
+        return usage_error("--host, --port, -np, --queue, --kv-mb, --api-key and --cache-* are for -m serve");
+    if (a->cache_chunk % 16) return usage_error("--cache-chunk: expected a multiple of 16, found %d", a->cache_chunk);
+    if (a->cache_mb == 0 && a->cache_dir) return usage_error("--cache-dir: the prefix cache is off (--cache-mb 0)");
     /* the environment keeps the key out of the process list; an empty or
      * unsendable key is refused rather than taken as no key or as one no
      * client can send, and the key itself is never printed */
@@ -312,6 +329,8 @@ static int check_args(Args *a) {
     if (compare && (a->ctk || a->ctv)) return usage_error("-m compare: give its schemes with -kv a,b,...");
     if (a->dev && strcmp(a->dev, "cpu") && strcmp(a->dev, "cuda") && strcmp(a->dev, "auto"))
         return usage_error("-dev: expected cpu, cuda or auto, found '%s'", a->dev);
+    if (a->session && strcmp(a->mode, "chat"))
+        return usage_error("--session: expected -m chat (a session is a chat's), found -m %s", a->mode);
     return 0;
 }
 
@@ -325,7 +344,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     a->draft_q8 = 1;
     a->repeat = 1;
     a->repeat_n = 64;
-    a->port = a->queue = -1;
+    a->port = a->queue = a->cache_mb = -1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); return 1; }
@@ -957,7 +976,10 @@ static int run_serve(Run *r) {
                    .parallel = a->parallel ? a->parallel : 4, .queue = a->queue >= 0 ? a->queue : 64, .ctx = r->ctx,
                    .n_predict = a->n, .spec = r->spec, .spec_name = kvname, .think = a->think, .model_name = base,
                    .repeat = a->repeat, .last_n = a->repeat_n, .frequency = a->frequency, .presence = a->presence,
-                   .has_seed = a->set_seed, .seed = a->seed, .api_key = a->api_key, .stop = &g_interrupted};
+                   .has_seed = a->set_seed, .seed = a->seed, .api_key = a->api_key, .stop = &g_interrupted,
+                   .cache_bytes = (a->cache_mb >= 0 ? a->cache_mb : 1024) * 1e6, .cache_dir = a->cache_dir,
+                   /* a hybrid's chunk carries its recurrent state, megabytes whatever the chunk's length */
+                   .cache_chunk = a->cache_chunk ? a->cache_chunk : r->m.cfg.n_gdn ? 256 : 64};
     sampling_defaults(r, &o.temperature, &o.top_k, &o.top_p, &o.min_p);
     o.budget = a->kv_mb ? a->kv_mb * 1e6 : o.parallel * model_cache_bytes(&r->m, &r->spec, r->ctx);
     catch_sigint();
@@ -1091,6 +1113,229 @@ static int chat_record(Gen *g, Chat *c, const Ids *u, const Ids *feed, const Ids
     return 0;
 }
 
+/* --session FILE: a chat in a saved-cache file (kv/kvfile.h), its parts in
+ * this order; a part of 0 bytes is one the chat had none of (no drafter,
+ * no penalties). The file's tokens are the cache's, [0, its length). */
+enum { SESSION_KV, SESSION_CHAT, SESSION_MTP, SESSION_PEND, SESSION_WINDOW, SESSION_PARTS };
+/* SESSION_CHAT is int32 words: stale, the system block's token count, the
+ * turn count, the sampler's generator (8 bytes); each turn's count; then
+ * the tokens of the system block and of every turn, the last close
+ * included (the cache holds them all but that close). SESSION_MTP is the
+ * drafter's cache; SESSION_PEND its row count M and the n_pend rows it has
+ * still to write (speculative.h): M, n_pend, rows_tok [n_pend], then pend
+ * [n_pend, H] floats. SESSION_WINDOW the penalties' window, oldest first. */
+#define SESSION_HEAD 5
+
+static int *ids_copy(int *to, const int *v, int n) {
+    if (n) memcpy(to, v, (size_t)n * sizeof *to); /* v may be an empty list's NULL */
+    return to + n;
+}
+
+/* Writes the chat to --session FILE, atomically (kvfile_write): 0 ok, 1
+ * said why, the file as it was kept. */
+static int session_save(Run *r, Gen *g, Chat *c) {
+    const char *path = r->a.session;
+    int total = c->sys.n;
+    for (int i = 0; i < c->n_turns; i++) total += c->turns[i].n;
+    /* a stale cache (a prompt cut by Ctrl-C), or one that holds other than
+     * the turns, is saved empty: the next message feeds the turns again,
+     * as it would have in this process */
+    if (c->stale || kv_cache_len(g->kv) != total - (c->n_turns ? c->close.n : 0)) {
+        c->stale = 1;
+        kv_cache_truncate(g->kv, 0);
+    }
+    const int len = kv_cache_len(g->kv), H = r->m.cfg.hidden;
+    const Spec *sp = c->stale ? NULL : g->spec;
+    const Sampler *smp = g->smp;
+    const int win = (int)(smp->n_seen < smp->last_n ? smp->n_seen : smp->last_n);
+    size_t n[SESSION_PARTS] = {kv_cache_save_bytes(g->kv, 0, len),
+                               (size_t)(SESSION_HEAD + c->n_turns + total) * sizeof(int),
+                               sp ? kv_cache_save_bytes(sp->mkv, 0, kv_cache_len(sp->mkv)) : 0,
+                               sp ? (2 + (size_t)sp->n_pend) * sizeof(int) + (size_t)sp->n_pend * H * sizeof(float) : 0,
+                               (size_t)win * sizeof(int)};
+    void *part[SESSION_PARTS];
+    char err[1024] = "out of memory";
+    int bad = 0;
+    /* a byte more, so that an empty part is a pointer all the same */
+    for (int i = 0; i < SESSION_PARTS; i++) bad |= !(part[i] = malloc(n[i] + 1));
+    int *w = part[SESSION_CHAT], *tokens = bad ? NULL : w + SESSION_HEAD + c->n_turns;
+    if (!bad) {
+        w[0] = c->stale, w[1] = c->sys.n, w[2] = c->n_turns;
+        memcpy(w + 3, &smp->rng, sizeof smp->rng);
+        int *t = ids_copy(tokens, c->sys.v, c->sys.n);
+        for (int i = 0; i < c->n_turns; i++)
+            w[SESSION_HEAD + i] = c->turns[i].n, t = ids_copy(t, c->turns[i].v, c->turns[i].n);
+        for (int i = 0; i < win; i++)
+            ((int *)part[SESSION_WINDOW])[i] = smp->hist[(smp->n_seen - win + i) % smp->last_n];
+        bad = kv_cache_save(g->kv, 0, part[SESSION_KV], n[SESSION_KV], err, sizeof err) ||
+              (sp && kv_cache_save(sp->mkv, 0, part[SESSION_MTP], n[SESSION_MTP], err, sizeof err));
+    }
+    if (!bad && sp) {
+        int *p = part[SESSION_PEND];
+        p[0] = kv_cache_len(sp->mkv), p[1] = sp->n_pend;
+        memcpy(ids_copy(p + 2, sp->rows_tok, sp->n_pend), sp->pend, (size_t)sp->n_pend * H * sizeof(float));
+    }
+    KVFileHead h = {.model = model_identity(&r->m), .t0 = 0, .t1 = len};
+    kv_spec_name(&r->spec, h.spec, sizeof h.spec);
+    if (bad) fprintf(stderr, "error: --session %s: not written: %s (the file as it was is kept)\n", path, err);
+    else if ((bad = kvfile_write(path, &h, tokens, SESSION_PARTS, (const void *const *)part, n, err, sizeof err)))
+        fprintf(stderr, "error: --session %s\n", err);
+    else fprintf(stderr, "session: %s: %d positions, %d turn%s saved\n", path, len, c->n_turns,
+                 c->n_turns == 1 ? "" : "s");
+    for (int i = 0; i < SESSION_PARTS; i++) free(part[i]);
+    return bad;
+}
+
+/* Checks SESSION_CHAT (bytes of w) against the cache's tokens [t1] and
+ * this run's tokenizer and -y, and takes its turns into c: 0, -1 with why. */
+static int session_turns(const Run *r, Chat *c, const int *w, size_t bytes, const int *tok, int t1, char *why,
+                         size_t whylen) {
+    const size_t words = bytes / sizeof(int);
+    uint64_t rng = 0;
+    long total = 0;
+    int ok = bytes % sizeof(int) == 0 && words >= SESSION_HEAD && (w[0] == 0 || w[0] == 1) && w[1] >= 0 &&
+             w[2] >= 0 && (size_t)w[2] <= words - SESSION_HEAD;
+    for (int i = 0; ok && i < w[2]; i++) total += w[SESSION_HEAD + i], ok = w[SESSION_HEAD + i] > 0;
+    if (ok) memcpy(&rng, w + 3, sizeof rng);
+    /* the words left are the tokens: those of the cache, then the last close */
+    const long all = ok ? (long)w[1] + total : 0, held = all - (ok && w[2] ? c->close.n : 0);
+    const int *t = w + SESSION_HEAD + (ok ? w[2] : 0);
+    ok = ok && rng && words == SESSION_HEAD + (size_t)w[2] + (size_t)all && held >= 0 && (w[0] ? !t1 : held == t1) &&
+         (t1 == 0 || !memcmp(t, tok, (size_t)t1 * sizeof *t)) &&
+         (!w[2] || !memcmp(t + held, c->close.v, (size_t)c->close.n * sizeof *t));
+    if (!ok) {
+        snprintf(why, whylen, "expected turns that add up to its %d cached positions, found a record that does not",
+                 t1);
+        return -1;
+    }
+    /* (no model_check_input: replies may hold what a message may not) */
+    for (long i = 0; i < all; i++)
+        if (t[i] < 0 || t[i] >= r->m.cfg.vocab_size) {
+            snprintf(why, whylen, "token %ld: expected an id below %d, found %d", i, r->m.cfg.vocab_size, t[i]);
+            return -1;
+        }
+    /* without -y the session's system prompt goes on; a -y must be its own */
+    if (r->a.system && (w[1] != c->sys.n || (w[1] && memcmp(t, c->sys.v, (size_t)w[1] * sizeof *t)))) {
+        snprintf(why, whylen, "expected a session made with this -y system prompt, found one made with another "
+                              "(drop -y to go on with the session's)");
+        return -1;
+    }
+    c->sys.n = 0;
+    c->turns = calloc((size_t)w[2] + 1, sizeof *c->turns);
+    int bad = !c->turns || ids_push(&c->sys, t, w[1]);
+    t += w[1];
+    for (int i = 0; !bad && i < w[2]; t += w[SESSION_HEAD + i], i++)
+        bad = ids_push(&c->turns[c->n_turns++], t, w[SESSION_HEAD + i]);
+    c->stale = w[0];
+    if (bad) snprintf(why, whylen, "out of memory for its turns");
+    return bad ? -1 : 0;
+}
+
+/* Takes the drafter's cache and pending rows (SESSION_MTP, SESSION_PEND)
+ * into sp, for a main cache of t1 positions: its drafts are then the ones
+ * this process would have made. 0 ok; 1 when this run's drafter cannot
+ * take them (saved without drafting, or more pending rows than this -spec
+ * holds); -1 with why. The rows may end before t1: a reply that reached
+ * the end of the context decoded its last tokens without drafts (the
+ * next turn then starts the caches again). */
+static int session_drafter(const Run *r, Spec *sp, void *const *part, const size_t *n, int t1, char *why,
+                           size_t whylen) {
+    const int *p = part[SESSION_PEND];
+    const size_t row = sizeof(int) + (size_t)r->m.cfg.hidden * sizeof(float);
+    if (!n[SESSION_PEND]) return 1;
+    if (n[SESSION_PEND] < 2 * sizeof(int) || p[1] < 1 || p[1] > SPEC_MAX + 2 || p[0] < 0 || p[0] > t1 - p[1] ||
+        n[SESSION_PEND] != 2 * sizeof(int) + (size_t)p[1] * row) {
+        snprintf(why, whylen, "expected the drafter's rows to end by its %d cached positions, found a record that "
+                              "does not", t1);
+        return -1;
+    }
+    /* pend holds n_draft + 2 rows */
+    if (p[1] > sp->n_draft + 2) return 1;
+    char err[512];
+    if (kv_cache_load(sp->mkv, p[0], part[SESSION_MTP], n[SESSION_MTP], err, sizeof err)) {
+        snprintf(why, whylen, "the drafter's cache: %s", err);
+        return -1;
+    }
+    memcpy(sp->rows_tok, p + 2, (size_t)p[1] * sizeof(int));
+    memcpy(sp->pend, p + 2 + p[1], (size_t)p[1] * (row - sizeof(int)));
+    sp->n_pend = p[1];
+    return 0;
+}
+
+/* Reads --session FILE, when there is one, into the empty caches, the
+ * drafter, the sampler and c (whose system block and close are this
+ * run's), so that the chat goes on as if this process had made it: 0 ok,
+ * 1 said why (the file left as it is). */
+static int session_load(Run *r, Gen *g, Chat *c) {
+    const char *path = r->a.session;
+    struct stat st;
+    if (stat(path, &st)) {
+        const int e = errno;
+        if (e == ENOENT) fprintf(stderr, "session: %s: none yet, a new chat (written there when it ends)\n", path);
+        else fprintf(stderr, "error: --session %s: cannot read: %s\n", path, strerror(e));
+        return e != ENOENT;
+    }
+    /* a folder or a pipe would be read as a truncated file, or block */
+    if (!S_ISREG(st.st_mode)) {
+        fprintf(stderr, "error: --session %s: expected a file, found %s\n", path,
+                S_ISDIR(st.st_mode) ? "a folder" : "something else");
+        return 1;
+    }
+    KVFileHead h;
+    int *tok = NULL, np = 0, rc = 1;
+    void *part[SESSION_PARTS];
+    size_t n[SESSION_PARTS];
+    char err[1024], why[1024] = "", name[64];
+    if (kvfile_read(path, &h, &tok, SESSION_PARTS, part, n, &np, err, sizeof err)) {
+        fprintf(stderr, "error: --session %s\n", err);
+        return 1;
+    }
+    kv_spec_name(&r->spec, name, sizeof name);
+    if (h.model != model_identity(&r->m))
+        snprintf(why, sizeof why, "expected a session of %s as this run loads it (its weights, -wq, -act, this CPU's "
+                 "kernel level), found another model's", r->src.path);
+    else if (np != SESSION_PARTS || h.t0 || h.key[0] || h.key[1])
+        snprintf(why, sizeof why, "expected a chat session (%d parts from position 0), found another saved cache",
+                 SESSION_PARTS);
+    else if (strcmp(h.spec, name))
+        snprintf(why, sizeof why, "expected a -kv %s cache, found %s (run with -kv %s, or name another file)", name,
+                 h.spec, h.spec);
+    else if (h.t1 > g->kv->cap)
+        snprintf(why, sizeof why, "expected at most the %d positions of -c %d, found %d (raise -c)", g->kv->cap,
+                 g->kv->cap, h.t1);
+    else if (!session_turns(r, c, part[SESSION_CHAT], n[SESSION_CHAT], tok, h.t1, why, sizeof why)) {
+        if (kv_cache_load(g->kv, h.t1, part[SESSION_KV], n[SESSION_KV], err, sizeof err))
+            snprintf(why, sizeof why, "%s", err);
+        else if (n[SESSION_WINDOW] % sizeof(int))
+            snprintf(why, sizeof why, "expected a window of whole tokens, found %zu bytes", n[SESSION_WINDOW]);
+        else rc = 0;
+    }
+    const int d = rc || !g->spec || !h.t1 ? 0 : session_drafter(r, g->spec, part, n, h.t1, why, sizeof why);
+    if (d < 0) rc = 1;
+    else if (d > 0) {
+        /* the drafts would have no rows to start from; verification keeps
+         * greedy output what it is, drafts or none */
+        fprintf(stderr, "note: --session %s holds no drafter state -spec %d can take (saved without drafts, or with "
+                        "more): speculative decoding off for this chat\n", path, g->spec->n_draft);
+        spec_free(g->spec);
+        g->spec = NULL;
+    }
+    if (rc) fprintf(stderr, "error: --session %s: %s\n", path, why);
+    else {
+        /* the generator goes on unless -s starts a new one; the penalties'
+         * window is the saved one, else the cache's last tokens */
+        if (!r->a.set_seed) memcpy(&g->smp->rng, (const int *)part[SESSION_CHAT] + 3, sizeof g->smp->rng);
+        const int *win = n[SESSION_WINDOW] ? part[SESSION_WINDOW] : tok;
+        const size_t nw = n[SESSION_WINDOW] ? n[SESSION_WINDOW] / sizeof(int) : (size_t)h.t1;
+        for (size_t i = 0; i < nw; i++) sampler_accept(g->smp, win[i]);
+        fprintf(stderr, "session: %s: %d positions, %d turn%s restored\n", path, h.t1, c->n_turns,
+                c->n_turns == 1 ? "" : "s");
+    }
+    free(tok);
+    for (int i = 0; i < SESSION_PARTS; i++) free(part[i]);
+    return rc;
+}
+
 /* Interactive (or scripted) chat: the first user message is -i or -f, the
  * rest are stdin lines. The cache is kept between turns: each turn feeds
  * only the text that closes the last reply and opens the next one. Ctrl-C
@@ -1103,12 +1348,13 @@ static int run_chat(Run *r, Gen *g) {
     char *line = NULL, *sys = chat_system(r->a.system);
     size_t cap = 0, n = r->text_len;
     const char *user = r->text;
-    int rc = 0, refused = 0, tty = isatty(0);
+    int rc = 0, refused = 0, fed = 0, tty = isatty(0);
     g->reply = &reply;
     if (!sys || encode(g->tok, sys, strlen(sys), &c.sys) || encode(g->tok, CHAT_CLOSE, strlen(CHAT_CLOSE), &c.close)) {
         if (!sys) fprintf(stderr, "error: out of memory in the chat\n");
         rc = 1;
     }
+    if (rc == 0 && r->a.session) rc = session_load(r, g, &c);
     while (rc == 0) {
         if (!user) {
             if (tty) fprintf(stderr, "> ");
@@ -1132,11 +1378,19 @@ static int run_chat(Run *r, Gen *g) {
         const int before = f ? 0 : kv_cache_len(g->kv);
         if (f == 0 && generate(g, feed.v, feed.n, r->a.n) == 1) rc = 1;
         if (f == 0) printf("\n"), fflush(stdout);
+        fed |= f == 0;
         if (f < 0 || chat_record(g, &c, &u, &feed, &reply, before)) {
             fprintf(stderr, "error: out of memory in the chat\n");
             rc = 1;
         }
     }
+    /* written once, at the end (Ctrl-C at the prompt and the end of input
+     * come here): each write is the whole cache, flushed to the disk. A
+     * chat that ended on an error, or fed nothing, leaves the file as it was */
+    if (rc == 0 && fed && r->a.session && session_save(r, g, &c)) rc = 1;
+    else if (rc == 1 && fed && r->a.session)
+        fprintf(stderr, "--session %s: not written, the chat ended on an error (the file as it was is kept)\n",
+                r->a.session);
     if (rc == 0 && g_interrupted) rc = 130;
     if (rc == 0 && refused) rc = 1;
     for (int i = 0; i < c.n_turns; i++) free(c.turns[i].v);
@@ -1290,6 +1544,8 @@ static int gpu_refuses_options(const Run *r, char *err, size_t errlen) {
     const Args *a = &r->a;
     if (!strcmp(a->mode, "kvstats") || !strcmp(a->mode, "serve"))
         snprintf(err, errlen, "-dev cuda: -m %s runs on the CPU only (so far; use -dev cpu)", a->mode);
+    else if (a->session)
+        snprintf(err, errlen, "-dev cuda: --session: a cache on the GPU cannot be saved yet (use -dev cpu)");
     else if (a->wq_q8) snprintf(err, errlen, "-dev cuda: -wq q8 has no CUDA kernel yet (use -wq stored or -dev cpu)");
     else if (a->act_bf16) snprintf(err, errlen, "-dev cuda: -act bf16 is the CPU's AVX-512 BF16 mode (use -act f32 or "
                                    "-dev cpu)");
