@@ -243,8 +243,8 @@ bench: $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/run bench/qwen3-0.6b bench/qw
 # then a 2K-token document's first token cold and warm (prefix reuse).
 # About 10 minutes on 2 cores.
 bench-serve: $(BUILD)/bench_serve $(BUILD)/run bench/qwen3-0.6b
-	RUN_BIN=$(BUILD)/run $(BUILD)/bench_serve models/qwen3-kjv-mtp --tokens 64
-	RUN_BIN=$(BUILD)/run $(BUILD)/bench_serve bench/qwen3-0.6b
+	RUN_BIN=$(BUILD)/run $(BUILD)/bench_serve models/qwen3-kjv-mtp --tokens 64 --prefix 320
+	RUN_BIN=$(BUILD)/run $(BUILD)/bench_serve bench/qwen3-0.6b --tokens 128
 
 clean:
 	rm -rf build build-asan build-fuzz build-aarch64 build-gpu run models/qwen3-kjv-mtp.bin
