@@ -264,7 +264,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS  := -O1 -g -fno-omit-frame-pointer -std=c11 -Wall -Wextra -I. -D_GNU_SOURCE \
 	-fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_LIB_SRC := $(sort $(wildcard format/*.c)) model/config.c tokenizer/tokenizer.c tokenizer/unicode.c \
-	tokenizer/chat.c serve/request.c
+	tokenizer/chat.c serve/request.c kv/kvfile.c
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
 FUZZ_BIN     := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(sort $(wildcard tests/fuzz/fuzz_*.c)))
 

@@ -110,6 +110,67 @@ static int read_all(int fd, void *p, size_t n) {
     return 0;
 }
 
+/* Checks a whole file's bytes and copies its tokens and parts out. */
+int kvfile_parse(const uint8_t *b, size_t size, const char *name, KVFileHead *h, int **tokens, int max_parts,
+                 void **parts, size_t *sizes, int *n_parts, char *err, size_t errlen) {
+    *tokens = NULL;
+    *n_parts = 0;
+    for (int i = 0; i < max_parts; i++) parts[i] = NULL;
+    uint32_t ver = 0, np = 0, t0 = 0, t1 = 0;
+    const char *why = NULL;
+    if (size < FIXED) why = "shorter than a header";
+    else if (memcmp(b, MAGIC, 8)) why = "not a saved KV cache (no RUNKVC magic)";
+    if (!why) {
+        memcpy(&ver, b + 8, 4), memcpy(&np, b + 12, 4);
+        memcpy(&t0, b + 88, 4), memcpy(&t1, b + 92, 4);
+        if (ver != KVFILE_VERSION) why = "a version this build does not read";
+        else if (np > (uint32_t)max_parts || np > KVFILE_MAX_PARTS) why = "more parts than expected";
+        else if (t1 < t0 || t1 - t0 > KVFILE_MAX_TOKENS || t1 > 1u << 30) why = "a token range out of bounds";
+        else if (size < FIXED + 8 * (size_t)np + 8) why = "truncated in its header";
+    }
+    /* the sizes the header claims must add up to the file's, without overflow */
+    const size_t head = FIXED + 8 * (size_t)np, nt = (size_t)(t1 - t0) * sizeof(int32_t);
+    if (!why) {
+        size_t total = head + 8 + nt;
+        for (uint32_t i = 0; i < np && !why; i++) {
+            uint64_t s;
+            memcpy(&s, b + FIXED + 8 * i, 8);
+            if (s > size || total + s > size) why = "truncated (its parts end past the file)";
+            else sizes[i] = (size_t)s, total += (size_t)s;
+        }
+        if (!why && total != size) why = "of the wrong size for what its header says";
+    }
+    if (!why) {
+        uint64_t check = kv_hash64(b, head, 1), want;
+        check = kv_hash64(b + head + 8, nt, check);
+        size_t off = head + 8 + nt;
+        for (uint32_t i = 0; i < np; off += sizes[i++]) check = kv_hash64(b + off, sizes[i], check);
+        memcpy(&want, b + head, 8);
+        if (check != want) why = "damaged (its check does not match its bytes)";
+    }
+    int *tok = NULL;
+    if (!why && !(tok = malloc(nt + 1))) why = "out of memory";
+    if (!why) memcpy(tok, b + head + 8, nt);
+    size_t off = head + 8 + nt;
+    for (uint32_t i = 0; !why && i < np; off += sizes[i++])
+        if ((parts[i] = malloc(sizes[i] + 1))) memcpy(parts[i], b + off, sizes[i]);
+        else why = "out of memory";
+    if (why) {
+        snprintf(err, errlen, "%s: %s", name, why);
+        free(tok);
+        for (int i = 0; i < max_parts; i++) free(parts[i]), parts[i] = NULL;
+        return -1;
+    }
+    memcpy(&h->model, b + 16, 8);
+    memcpy(h->spec, b + 24, 64);
+    h->spec[63] = 0;
+    h->t0 = (int)t0, h->t1 = (int)t1;
+    memcpy(h->key, b + 96, 16);
+    *tokens = tok;
+    *n_parts = (int)np;
+    return 0;
+}
+
 int kvfile_read(const char *path, KVFileHead *h, int **tokens, int max_parts, void **parts, size_t *sizes,
                 int *n_parts, char *err, size_t errlen) {
     *tokens = NULL;
@@ -122,61 +183,17 @@ int kvfile_read(const char *path, KVFileHead *h, int **tokens, int max_parts, vo
         if (fd >= 0) close(fd);
         return -1;
     }
-    uint8_t head[FIXED + 8 * KVFILE_MAX_PARTS + 8];
-    uint32_t ver = 0, np = 0, t0 = 0, t1 = 0;
+    /* the whole file, then the checks on its bytes */
     const size_t size = (size_t)st.st_size;
-    const char *why = NULL;
-    if (size < FIXED || read_all(fd, head, FIXED)) why = "shorter than a header";
-    else if (memcmp(head, MAGIC, 8)) why = "not a saved KV cache (no RUNKVC magic)";
-    if (!why) {
-        memcpy(&ver, head + 8, 4), memcpy(&np, head + 12, 4);
-        memcpy(&t0, head + 88, 4), memcpy(&t1, head + 92, 4);
-        if (ver != KVFILE_VERSION) why = "a version this build does not read";
-        else if (np > (uint32_t)max_parts || np > KVFILE_MAX_PARTS) why = "more parts than expected";
-        else if (t1 < t0 || t1 - t0 > KVFILE_MAX_TOKENS) why = "a token range out of bounds";
-        else if (size < FIXED + 8 * (size_t)np + 8 || read_all(fd, head + FIXED, 8 * (size_t)np + 8))
-            why = "truncated in its header";
-    }
-    /* the sizes the header claims must add up to the file's, without overflow */
-    size_t total = 0;
-    if (!why) {
-        total = FIXED + 8 * (size_t)np + 8 + (size_t)(t1 - t0) * sizeof(int32_t);
-        for (uint32_t i = 0; i < np && !why; i++) {
-            uint64_t s;
-            memcpy(&s, head + FIXED + 8 * i, 8);
-            if (s > size || total + s > size) why = "truncated (its parts end past the file)";
-            else sizes[i] = (size_t)s, total += (size_t)s;
-        }
-        if (!why && total != size) why = "of the wrong size for what its header says";
-    }
-    int *tok = NULL;
-    if (!why) {
-        tok = malloc((size_t)(t1 - t0) * sizeof(int32_t) + 1);
-        if (!tok || read_all(fd, tok, (size_t)(t1 - t0) * sizeof(int32_t))) why = tok ? "unreadable" : "out of memory";
-    }
-    for (uint32_t i = 0; !why && i < np; i++)
-        if (!(parts[i] = malloc(sizes[i] + 1)) || read_all(fd, parts[i], sizes[i]))
-            why = parts[i] ? "unreadable" : "out of memory";
-    if (!why) {
-        uint64_t check = kv_hash64(head, FIXED + 8 * (size_t)np, 1), want;
-        check = kv_hash64(tok, (size_t)(t1 - t0) * sizeof(int32_t), check);
-        for (uint32_t i = 0; i < np; i++) check = kv_hash64(parts[i], sizes[i], check);
-        memcpy(&want, head + FIXED + 8 * (size_t)np, 8);
-        if (check != want) why = "damaged (its check does not match its bytes)";
-    }
+    uint8_t *b = S_ISREG(st.st_mode) ? malloc(size + 1) : NULL;
+    const int bad = !b || read_all(fd, b, size);
     close(fd);
-    if (why) {
-        snprintf(err, errlen, "%s: %s", path, why);
-        free(tok);
-        for (int i = 0; i < max_parts; i++) free(parts[i]), parts[i] = NULL;
+    if (bad) {
+        snprintf(err, errlen, "%s: %s", path, !S_ISREG(st.st_mode) ? "not a file" : b ? "unreadable" : "out of memory");
+        free(b);
         return -1;
     }
-    memcpy(&h->model, head + 16, 8);
-    memcpy(h->spec, head + 24, 64);
-    h->spec[63] = 0;
-    h->t0 = (int)t0, h->t1 = (int)t1;
-    memcpy(h->key, head + 96, 16);
-    *tokens = tok;
-    *n_parts = (int)np;
-    return 0;
+    const int rc = kvfile_parse(b, size, path, h, tokens, max_parts, parts, sizes, n_parts, err, errlen);
+    free(b);
+    return rc;
 }

@@ -53,5 +53,9 @@ int kvfile_write(const char *path, const KVFileHead *h, const int *tokens, int n
  * wrong (absent, truncated, damaged, not ours), nothing allocated. */
 int kvfile_read(const char *path, KVFileHead *h, int **tokens, int max_parts, void **parts, size_t *sizes,
                 int *n_parts, char *err, size_t errlen);
+/* The checks of kvfile_read on a file's bytes b [size] (name for the
+ * error line), and the same copies out: the fuzzer's way in. */
+int kvfile_parse(const uint8_t *b, size_t size, const char *name, KVFileHead *h, int **tokens, int max_parts,
+                 void **parts, size_t *sizes, int *n_parts, char *err, size_t errlen);
 
 #endif
