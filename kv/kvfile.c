@@ -176,7 +176,8 @@ int kvfile_read(const char *path, KVFileHead *h, int **tokens, int max_parts, vo
     *tokens = NULL;
     *n_parts = 0;
     for (int i = 0; i < max_parts; i++) parts[i] = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO put where a file should be must not hang the reader */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
     if (fd < 0 || fstat(fd, &st)) {
         snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
