@@ -1249,6 +1249,13 @@ static int session_drafter(const Run *r, Spec *sp, void *const *part, const size
                               "does not", t1);
         return -1;
     }
+    /* the rows' tokens feed the drafter (the last row's is written later) */
+    for (int i = 0; i + 1 < p[1]; i++)
+        if (p[2 + i] < 0 || p[2 + i] >= r->m.cfg.vocab_size) {
+            snprintf(why, whylen, "drafter row %d: expected a token id below %d, found %d", i, r->m.cfg.vocab_size,
+                     p[2 + i]);
+            return -1;
+        }
     /* pend holds n_draft + 2 rows */
     if (p[1] > sp->n_draft + 2) return 1;
     char err[512];
@@ -1308,7 +1315,16 @@ static int session_load(Run *r, Gen *g, Chat *c) {
             snprintf(why, sizeof why, "%s", err);
         else if (n[SESSION_WINDOW] % sizeof(int))
             snprintf(why, sizeof why, "expected a window of whole tokens, found %zu bytes", n[SESSION_WINDOW]);
-        else rc = 0;
+        else {
+            rc = 0;
+            const int *w = part[SESSION_WINDOW];
+            for (size_t i = 0; !rc && i < n[SESSION_WINDOW] / sizeof(int); i++)
+                if (w[i] < 0 || w[i] >= r->m.cfg.vocab_size) {
+                    snprintf(why, sizeof why, "the penalties' window, token %zu: expected an id below %d, found %d", i,
+                             r->m.cfg.vocab_size, w[i]);
+                    rc = 1;
+                }
+        }
     }
     const int d = rc || !g->spec || !h.t1 ? 0 : session_drafter(r, g->spec, part, n, h.t1, why, sizeof why);
     if (d < 0) rc = 1;

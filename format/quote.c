@@ -66,6 +66,13 @@ const char *quote(const char *s, size_t n, char *buf, size_t size) {
     return buf;
 }
 
+size_t utf8_valid_prefix(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0, len;
+    while (i < n && (len = utf8_len(u + i, n - i))) i += len;
+    return i;
+}
+
 int utf8_valid(const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0, len; i < n; i += len)

@@ -30,5 +30,7 @@ const char *quote(const char *s, size_t n, char *buf, size_t size);
 const char *quote_str(const char *s, char *buf, size_t size);
 /* Whether s[0 .. n) is valid UTF-8 (Unicode table 3-7). */
 int utf8_valid(const char *s, size_t n);
+/* Bytes of the longest prefix of s[n] that is valid UTF-8 (n when all is). */
+size_t utf8_valid_prefix(const char *s, size_t n);
 
 #endif

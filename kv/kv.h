@@ -42,6 +42,10 @@ typedef struct KVStream KVStream;
  * hold 16 positions, and every other scheme's positions are independent
  * or, for KIVI, counted from len alone. */
 #define KV_SAVE_ALIGN 16
+/* The version of the schemes' stored forms that saved files hold: raised
+ * whenever any scheme's layout or rounding changes, so that an older
+ * build's files are refused rather than read (model_identity hashes it). */
+#define KV_FORMAT 1
 /* Largest head_dim a stream accepts (Qwen3 uses 128; 256 exists elsewhere). */
 #define KV_MAX_DIM 512
 

@@ -80,7 +80,8 @@ int kvfile_write(const char *path, const KVFileHead *h, const int *tokens, int n
     static int seq;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d.%d", path, (int)getpid(), __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    /* 0600: a session or a prompt's chunk is its writer's to read */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
         snprintf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
         return -1;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kv/kvfile.h"
 
@@ -44,8 +45,10 @@ int prefix_init(PrefixCache **pp, size_t budget, int chunk, const char *dir, uin
         return -1;
     }
     struct stat st;
-    if (dir && (stat(dir, &st) || !S_ISDIR(st.st_mode))) {
-        snprintf(err, errlen, "--cache-dir %s: %s", dir, errno && !S_ISDIR(st.st_mode) ? strerror(errno) : "not a folder");
+    if (dir && (stat(dir, &st) || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK))) {
+        const int e = errno;
+        snprintf(err, errlen, "--cache-dir %s: expected a folder this process can write, found %s", dir,
+                 stat(dir, &st) ? strerror(e) : !S_ISDIR(st.st_mode) ? "something else" : strerror(e));
         return -1;
     }
     PrefixCache *p = calloc(1, sizeof *p);
@@ -136,9 +139,8 @@ static void chunk_free(Chunk *c) {
     free(c);
 }
 
-/* Takes c out of memory (written to the folder first when there is one). */
-static void evict(PrefixCache *p, Chunk *c, char *warn, size_t wlen) {
-    spill(p, c, warn, wlen);
+/* Takes c out of memory without writing it. */
+static void forget(PrefixCache *p, Chunk *c) {
     unlink_lru(p, c);
     Chunk **b = bucket(p, c->key);
     while (*b != c) b = &(*b)->next_in_bucket;
@@ -146,16 +148,43 @@ static void evict(PrefixCache *p, Chunk *c, char *warn, size_t wlen) {
     p->st.bytes -= held_bytes(p, c);
     p->st.scheme_bytes[c->scheme] -= held_bytes(p, c);
     p->count--;
-    p->st.evicted++;
     chunk_free(c);
 }
 
-/* The index of a scheme's name in the stats, added if new; -1 when the
- * table is full (the chunk is then not kept). */
+/* Takes c out of memory (written to the folder first when there is one). */
+static void evict(PrefixCache *p, Chunk *c, char *warn, size_t wlen) {
+    spill(p, c, warn, wlen);
+    p->st.evicted++;
+    forget(p, c);
+}
+
+/* Drops a chunk that cannot be used (a stored form of another size than
+ * this build's), from memory and from the folder, so that the chunk
+ * computed next in its place is kept instead. */
+static void discard(PrefixCache *p, Chunk *c) {
+    if (p->dir) {
+        char path[4200];
+        path_of(p, c->key, path, sizeof path);
+        unlink(path);
+    }
+    p->st.disk_errors++;
+    forget(p, c);
+}
+
+/* The index of a scheme's name in the stats, added if new; when the
+ * table is full, its last line counts every other scheme as "other"
+ * (a client naming many option variants must not turn reuse off). */
 static int scheme_index(PrefixCache *p, const char *name) {
     for (int i = 0; i < p->st.n_schemes; i++)
         if (!strcmp(p->st.scheme[i], name)) return i;
-    if (p->st.n_schemes == PREFIX_MAX_SCHEMES) return -1;
+    if (p->st.n_schemes >= PREFIX_MAX_SCHEMES - 1) {
+        if (p->st.n_schemes == PREFIX_MAX_SCHEMES - 1) {
+            snprintf(p->st.scheme[PREFIX_MAX_SCHEMES - 1], sizeof p->st.scheme[0], "other");
+            p->st.scheme_bytes[PREFIX_MAX_SCHEMES - 1] = 0;
+            p->st.n_schemes = PREFIX_MAX_SCHEMES;
+        }
+        return PREFIX_MAX_SCHEMES - 1;
+    }
     snprintf(p->st.scheme[p->st.n_schemes], sizeof p->st.scheme[0], "%s", name);
     p->st.scheme_bytes[p->st.n_schemes] = 0;
     return p->st.n_schemes++;
@@ -168,7 +197,9 @@ static int scheme_index(PrefixCache *p, const char *name) {
  * or NULL when it did not stay (freed). */
 static Chunk *insert(PrefixCache *p, Chunk *c, Chunk *parent, const char *scheme, char *warn, size_t wlen) {
     c->scheme = scheme_index(p, scheme);
-    if (c->scheme < 0 || held_bytes(p, c) > p->st.budget) {
+    if (held_bytes(p, c) > p->st.budget) {
+        /* more than all of memory: it can still live in the folder */
+        spill(p, c, warn, wlen);
         chunk_free(c);
         return NULL;
     }
@@ -263,18 +294,20 @@ int prefix_load(PrefixCache *p, KVCache *c, const int *tokens, int n, PrefixKey 
         snprintf(warn, wlen, "prefix cache: out of memory");
         return 0;
     }
-    while (k->t + p->chunk <= n && kv_cache_len(c) == k->t) {
+    while (k->t + p->chunk <= n && k->t + p->chunk <= c->cap && kv_cache_len(c) == k->t) {
         uint64_t key[2];
         const int *tk = tokens + k->t;
         key_next(p, k, tk, key);
         Chunk *ch = find(p, key, tk);
         if (!ch && p->dir) ch = from_disk(p, key, scheme, k->t + p->chunk, tk, warn, wlen);
-        if (!ch) {
+        if (!ch || ch->t1 != k->t + p->chunk) {
             p->st.misses++;
             break;
         }
         if (kv_cache_load(c, k->t + p->chunk, ch->blob, ch->n, err, sizeof err)) {
-            snprintf(warn, wlen, "prefix cache: a chunk did not load: %s", err);
+            snprintf(warn, wlen, "prefix cache: a chunk did not load and was dropped: %s", err);
+            p->st.misses++;
+            if (!ch->pinned) discard(p, ch);
             break;
         }
         p->st.hits++;
@@ -306,11 +339,13 @@ void prefix_store(PrefixCache *p, const KVCache *c, const int *tokens, PrefixKey
     k->h[0] = key[0], k->h[1] = key[1];
     k->t = t1;
     Chunk *have = find(p, key, tokens + t1 - p->chunk);
-    if (have) {
+    if (have && have->n == kv_cache_save_bytes(c, t1 - p->chunk, t1) && have->t1 == t1) {
         unlink_lru(p, have);
         push_newest(p, have);
         return;
     }
+    /* one that did not fit this cache gives way to the one computed now */
+    if (have) discard(p, have);
     /* a chunk whose parent left memory loads only from the folder, where
      * it goes straight away; with no folder it could never load */
     if (orphan && !p->dir) return;
@@ -335,7 +370,10 @@ void prefix_store(PrefixCache *p, const KVCache *c, const int *tokens, PrefixKey
         return;
     }
     ch->scheme = scheme_index(p, scheme);
-    if (ch->scheme >= 0) spill(p, ch, warn, wlen);
+    char path[4200];
+    struct stat st;
+    path_of(p, ch->key, path, sizeof path);
+    if (stat(path, &st)) spill(p, ch, warn, wlen);
     chunk_free(ch);
 }
 

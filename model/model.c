@@ -1090,13 +1090,19 @@ void model_thread_free(void) { matmul_thread_free(); }
 int model_batch_rows(const Model *m) { return m->s.cap; }
 
 uint64_t model_identity(const Model *m) {
-    uint64_t h = kv_hash64(&m->cfg, sizeof m->cfg, (uint64_t)kernels_level());
+    uint64_t h = kv_hash64(&m->cfg, sizeof m->cfg, (uint64_t)kernels_level() << 32 | KV_FORMAT);
     for (int i = 0; i < m->ts.n_tensors; i++) {
         const STensor *t = &m->ts.tensors[i];
         h = kv_hash64(t->name, strlen(t->name), h);
         h = kv_hash64(t->dtype, sizeof t->dtype, h);
         h = kv_hash64(t->shape, (size_t)t->ndim * sizeof *t->shape, h);
-        h = kv_hash64(t->data, t->nbytes < 64 ? t->nbytes : 64, h);
+        /* 64 bytes at 16 places spread over the tensor: a fine-tune that
+         * moved any part of it, all but surely (hashing every byte would
+         * read the whole model at each start) */
+        for (size_t k = 0; k < 16; k++) {
+            const size_t at = t->nbytes > 64 ? (t->nbytes - 64) / 15 * k : 0;
+            h = kv_hash64((const uint8_t *)t->data + at, t->nbytes < 64 ? t->nbytes : 64, h);
+        }
     }
     /* converted weights (-wq q8, -act bf16) round differently */
     const Weight *const w[] = {&m->lm_head, &m->embed};

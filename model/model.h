@@ -176,9 +176,10 @@ int model_thread_init(const Model *m);
 /* Frees the calling thread's forward buffers, before it exits. */
 void model_thread_free(void);
 /* What a saved cache must have been made by (kv/kvfile.h): a hash of the
- * config, every tensor's name, type, shape and first bytes, the form each
- * matmul reads its weights in (-wq, -act), and the CPU kernels' level,
- * since each of these can change a cached K or V in its last bit. */
+ * config, every tensor's name, type, shape and bytes at 16 places in it,
+ * the form each matmul reads its weights in (-wq, -act), the CPU kernels'
+ * level and the version of the stored forms (KV_FORMAT), since each of
+ * these can change a cached K or V in its last bit. */
 uint64_t model_identity(const Model *m);
 /* Rows a batched forward takes at most (all sequences' n together). */
 int model_batch_rows(const Model *m);

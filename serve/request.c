@@ -214,14 +214,8 @@ int request_parse(const char *body, size_t n, int chat, int thinking, int open_t
     char jerr[256];
     /* JSON text is UTF-8 (RFC 8259): other bytes would reach the tokenizer
      * as byte tokens, a prompt no client meant */
-    if (!utf8_valid(body, n)) {
-        size_t at = 0, k = 1;
-        while (k <= 4 && at < n)
-            for (k = 1; k <= 4 && at + k <= n; k++)
-                if (utf8_valid(body + at, k)) {
-                    at += k;
-                    break;
-                }
+    const size_t at = utf8_valid_prefix(body, n);
+    if (at < n) {
         snprintf(err, errlen, "the body is not UTF-8 (byte %zu)", at);
         return -1;
     }

@@ -582,6 +582,7 @@ static void check_save_load(const KVScheme *sc, const KVOpts *o, int d, int role
 Test(kv, save_then_load_equals_appended) {
     static const int ends1[] = {16, 48, 64, 320, 333};
     static const int ends2[] = {256, 512, 517};
+    static const int ends3[] = {16, 48, 64}; /* both streams' capacity (160) below KIVI's ring of R + 64 */
     for (int si = 0; si < kv_n_schemes; si++) {
         const KVScheme *sc = kv_schemes[si];
         KVOpts o = {0, 0}, small = {16, 32};
@@ -592,6 +593,7 @@ Test(kv, save_then_load_equals_appended) {
                 if (sc->check(d, &o, err, sizeof err)) continue;
                 check_save_load(sc, &o, d, role, ends1, 5, 432);
                 check_save_load(sc, &o, d, role, ends2, 3, 2000);
+                check_save_load(sc, &o, d, role, ends3, 3, 160);
                 if (sc->windowed && !sc->check(d, &small, err, sizeof err)) {
                     check_save_load(sc, &small, d, role, ends1, 5, 432);
                     check_save_load(sc, &small, d, role, ends2, 3, 608);

@@ -415,11 +415,89 @@ static void check_warm_equals_cold(const char *fixture, const char *scheme) {
 }
 
 Test(prefix, warm_equals_cold_on_qwen3) {
-    const char *const sc[] = {"f32", "q8", "tbq4", "kivi2", "q8/kivi4"};
+    const char *const sc[] = {"f32", "q8", "tbq4", "kivi2", "kivi2:g16:r32", "q8/kivi4"};
     for (size_t i = 0; i < sizeof sc / sizeof *sc; i++) check_warm_equals_cold("small", sc[i]);
 }
 
 Test(prefix, warm_equals_cold_on_the_hybrid) {
     const char *const sc[] = {"f16", "tbq4", "kivi2:g16:r32"};
     for (size_t i = 0; i < sizeof sc / sizeof *sc; i++) check_warm_equals_cold("qwen35", sc[i]);
+}
+
+/* A chunk larger than all of memory still goes to the folder, and so do
+ * the chunks after it: a cache with room finds them all there. */
+Test(prefix, chunks_past_the_budget_go_to_the_folder) {
+    char dir[64], err[256], warn[512], cmd[128];
+    tmp_dir(dir, sizeof dir);
+    KVCache a, b;
+    open_cache(&a, "f16", 3 * C);
+    PrefixCache *p;
+    cr_assert_eq(prefix_init(&p, 1000, C, dir, 5, err, sizeof err), 0, "%s", err);
+    int tokens[3 * C];
+    for (int i = 0; i < 3 * C; i++) tokens[i] = 2 * i + 1;
+    PrefixKey k;
+    prefix_start(p, &a.spec, &k);
+    for (int t = 0; t < 3 * C; t++) {
+        append_pos(&a, 3, t);
+        if ((t + 1) % C == 0) {
+            prefix_store(p, &a, tokens, &k, warn, sizeof warn);
+            cr_expect_str_empty(warn);
+        }
+    }
+    cr_expect_eq(count_files(dir), 3);
+    prefix_free(p, warn, sizeof warn);
+    cr_assert_eq(prefix_init(&p, 64 << 20, C, dir, 5, err, sizeof err), 0, "%s", err);
+    open_cache(&b, "f16", 3 * C);
+    prefix_start(p, &b.spec, &k);
+    cr_expect_eq(prefix_load(p, &b, tokens, 3 * C, &k, warn, sizeof warn), 3 * C);
+    expect_same(&a, &b, "from the folder");
+    prefix_free(p, warn, sizeof warn);
+    kv_cache_free(&a), kv_cache_free(&b);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+/* A chunk whose stored form is not the size this build makes (another
+ * build's file, its check intact) does not load: it is dropped, its file
+ * removed, and the chunk computed next in its place is kept and loads. */
+Test(prefix, a_chunk_that_does_not_load_gives_way) {
+    char dir[64], err[256], warn[512], cmd[128], path[256];
+    tmp_dir(dir, sizeof dir);
+    KVCache a, b;
+    open_cache(&a, "tbq4", C);
+    PrefixCache *p;
+    cr_assert_eq(prefix_init(&p, 64 << 20, C, dir, 5, err, sizeof err), 0, "%s", err);
+    int tokens[C];
+    for (int i = 0; i < C; i++) tokens[i] = i;
+    PrefixKey k;
+    prefix_start(p, &a.spec, &k);
+    for (int t = 0; t < C; t++) append_pos(&a, 0, t);
+    prefix_store(p, &a, tokens, &k, warn, sizeof warn);
+    prefix_free(p, warn, sizeof warn);
+    /* the same file with a part one byte short, its check recomputed */
+    snprintf(path, sizeof path, "%s/%016llx%016llx.kvc", dir, (unsigned long long)k.h[0], (unsigned long long)k.h[1]);
+    KVFileHead h;
+    int *tok, np;
+    void *part;
+    size_t n;
+    cr_assert_eq(kvfile_read(path, &h, &tok, 1, &part, &n, &np, err, sizeof err), 0, "%s", err);
+    n--;
+    const void *cp = part;
+    cr_assert_eq(kvfile_write(path, &h, tok, 1, &cp, &n, err, sizeof err), 0, "%s", err);
+    free(tok), free(part);
+    cr_assert_eq(prefix_init(&p, 64 << 20, C, dir, 5, err, sizeof err), 0, "%s", err);
+    open_cache(&b, "tbq4", C + 16);
+    prefix_start(p, &b.spec, &k);
+    cr_expect_eq(prefix_load(p, &b, tokens, C, &k, warn, sizeof warn), 0);
+    cr_expect(strstr(warn, "did not load") != NULL, "%s", warn);
+    cr_expect_eq(count_files(dir), 0, "the file that did not load is removed");
+    prefix_start(p, &a.spec, &k);
+    prefix_store(p, &a, tokens, &k, warn, sizeof warn);
+    prefix_start(p, &b.spec, &k);
+    cr_expect_eq(prefix_load(p, &b, tokens, C, &k, warn, sizeof warn), C);
+    expect_same(&a, &b, "the chunk computed again");
+    prefix_free(p, warn, sizeof warn);
+    kv_cache_free(&a), kv_cache_free(&b);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
 }

@@ -395,6 +395,8 @@ Test(serve, bad_requests_are_named) {
         {"/v1/completions", "{\"prompt\":\"ab\xff\xfe\"}", "the body is not UTF-8 (byte 13)", 400},
         {"/v1/completions", "{\"prompt\":\"\xc3\xa9\xed\xa0\x80\"}", "the body is not UTF-8 (byte 13)", 400},
         {"/v1/completions", "{\"prompt\":\"a\\ud800b\"}", "unpaired surrogate", 400},
+        {"/v1/completions", "{\"prompt\":\"x\xc3", "the body is not UTF-8 (byte 12)", 400},
+        {"/v1/completions", "\xff", "the body is not UTF-8 (byte 0)", 400},
         {"/v1/chat/completions", "{\"messages\":[]}", "messages: expected an array of 1 to", 400},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages[0].role", 400},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
@@ -562,12 +564,13 @@ Test(serve, sixteen_clients_at_once) {
     }
     for (int i = 0; i < 16; i++) pthread_join(t[i], NULL);
     for (int i = 0; i < 16; i++) {
+        /* sampled: an end of text may come before max_tokens */
         cr_expect_eq(c[i].r.status, 200, "client %d: %s", i, c[i].r.body);
-        cr_expect(strstr(c[i].r.body, "\"finish_reason\":\"length\"") != NULL, "client %d: %s", i, c[i].r.body);
+        cr_expect(strstr(c[i].r.body, "\"finish_reason\":\"length\"") || strstr(c[i].r.body, "\"finish_reason\":\"stop\""),
+                  "client %d: %s", i, c[i].r.body);
         if (i % 2) cr_expect(strstr(c[i].r.body, "data: [DONE]\n\n") != NULL, "client %d: %s", i, c[i].r.body);
-        char want[64];
-        snprintf(want, sizeof want, "\"completion_tokens\":%d", 8 + i % 5);
-        cr_expect(strstr(c[i].r.body, want) != NULL, "client %d: %s", i, c[i].r.body);
+        const char *u = strstr(c[i].r.body, "\"completion_tokens\":");
+        cr_expect(u && atoi(u + strlen("\"completion_tokens\":")) <= 8 + i % 5, "client %d: %s", i, c[i].r.body);
         free(c[i].r.body);
     }
     cr_expect_eq(metric(&s, "run_requests_failed_total"), 0);

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kv/kvfile.h"
 #include "tests/util.h"
 
 #define QWEN3 "models/qwen3-kjv-mtp"
@@ -196,4 +197,34 @@ Test(session, only_in_chat_and_on_the_cpu) {
     cr_expect_eq(run(NULL, QWEN3 " -m chat -i 'Hi' -dev cuda --session /tmp/run_sess_x.kv", &o, &e), 2, "%s", e);
     cr_expect(strstr(e, "--session") && strstr(e, "GPU"), "%s", e);
     free(o), free(e);
+}
+
+/* A session whose penalties' window holds an id the vocabulary does not
+ * have (its check recomputed, as a hand-made file would have it) is
+ * refused before anything is fed, naming the window. */
+Test(session, refuses_foreign_token_ids) {
+    char f[128], a[512], *o, *e;
+    tmp(f, sizeof f, "ids.kv");
+    remove(f);
+    snprintf(a, sizeof a, QWEN3 " -m chat -n 4 -t 0 --repeat-penalty 1.1 -spec 0 -i 'Who was Moses?' --session %s", f);
+    cr_assert_eq(run(NULL, a, &o, &e), 0, "%s", e);
+    free(o), free(e);
+    KVFileHead h;
+    int *tok, np;
+    void *parts[KVFILE_MAX_PARTS];
+    size_t n[KVFILE_MAX_PARTS];
+    char err[512];
+    cr_assert_eq(kvfile_read(f, &h, &tok, KVFILE_MAX_PARTS, parts, n, &np, err, sizeof err), 0, "%s", err);
+    /* the last part is the window (run.c, SESSION_WINDOW) */
+    cr_assert(np >= 1 && n[np - 1] >= sizeof(int), "no penalties' window in the session");
+    ((int *)parts[np - 1])[0] = 1 << 30;
+    cr_assert_eq(kvfile_write(f, &h, tok, np, (const void *const *)parts, n, err, sizeof err), 0, "%s", err);
+    free(tok);
+    for (int i = 0; i < np; i++) free(parts[i]);
+    snprintf(a, sizeof a, QWEN3 " -m chat -n 4 -t 0 --repeat-penalty 1.1 -spec 0 -i 'And Aaron?' --session %s", f);
+    cr_expect_eq(run(NULL, a, &o, &e), 1, "%s", e);
+    cr_expect(strstr(e, "penalties' window") && error_lines(e) == 1, "%s", e);
+    cr_expect(o[0] == 0, "nothing is fed: %s", o);
+    free(o), free(e);
+    remove(f);
 }
