@@ -604,6 +604,27 @@ Test(serve, curl) {
     server_stop(&s);
 }
 
+/* The official openai npm client, unchanged (tools/clients/openai-check.mjs:
+ * models, a chat completion, the same streamed, a completion, a 400 read
+ * as an APIError), when it is installed (cd tools/clients && npm ci;
+ * .ci/run does). */
+Test(serve, openai_client) {
+    if (access("tools/clients/node_modules/openai/package.json", R_OK) || system("node --version >/dev/null 2>&1"))
+        cr_skip_test("the openai npm client is not installed (cd tools/clients && npm ci)");
+    Server s;
+    server_start(&s, "");
+    char cmd[512], path[64];
+    snprintf(path, sizeof path, "/tmp/run_serve_openai.%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "timeout -s KILL 300 node tools/clients/openai-check.mjs http://127.0.0.1:%d/v1 >%s 2>&1",
+             s.port, path);
+    const int rc = system(cmd);
+    char *out = slurp(path, NULL);
+    cr_expect(rc == 0 && strstr(out, "openai-check: ok"), "%s", out);
+    free(out);
+    remove(path);
+    server_stop(&s);
+}
+
 /* A request left open: the socket, after the request is sent. */
 static int open_request(const Server *s, const char *body) {
     int fd = connect_to(s->port);

@@ -1,13 +1,15 @@
 // openai-check.mjs: the official `openai` npm client against ./run -m serve,
 // unchanged: models, a chat completion, a streamed one, a completion, and a
 // refused request read as an APIError. Exits 1 on the first mismatch.
-//   npm install openai            (in this folder or any parent)
+//   (cd tools/clients && npm ci)   the client pinned in package.json
 //   ./run MODEL -m serve --port 8080 &
-//   node tools/openai-check.mjs http://127.0.0.1:8080/v1
+//   node tools/clients/openai-check.mjs http://127.0.0.1:8080/v1
+// tests/test_serve.c runs it when the client is installed here.
 import OpenAI from "openai";
 
 const baseURL = process.argv[2] ?? "http://127.0.0.1:8080/v1";
-const client = new OpenAI({ baseURL, apiKey: "none" });
+// no retries and a bound on each request: a test must fail, never wait
+const client = new OpenAI({ baseURL, apiKey: "none", maxRetries: 0, timeout: 60000 });
 const fail = (what) => { console.error(`openai-check: ${what}`); process.exit(1); };
 
 const models = await client.models.list();
