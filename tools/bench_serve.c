@@ -4,7 +4,9 @@
  * count, and has that many users each stream one greedy completion at
  * the same time; every server-sent event's arrival is timed. Prints the
  * aggregate generated tokens per second (all completion tokens over the
- * wall time from the first request to the last answer), the time to the
+ * wall time from the first request to the last answer), the aggregate
+ * decode tokens per second (the tokens after each stream's first, from
+ * the earliest first token to the last token), the time to the
  * first token and the gaps between a stream's tokens (p50 and p99 over
  * all streams), then, on a server with the prefix cache, the time to the
  * first token of a prompt with a long document in it, cold and again
@@ -184,17 +186,24 @@ static void bench_users(const char *model, const char *kv, int users, int tokens
     }
     double end = t0;
     for (int i = 0; i < users; i++) pthread_join(t[i], NULL);
-    int total = 0, ng = 0;
+    int total = 0, ng = 0, decoded = 0;
     double *gaps = malloc(sizeof(double) * (size_t)users * (size_t)(tokens + 8)), *ttft = malloc(sizeof(double) * users);
+    double first = end + 1e9;
     for (int i = 0; i < users; i++) {
         const Call *c = &u[i].c;
-        total += usage_field(c->out, "completion_tokens");
+        const int n = usage_field(c->out, "completion_tokens");
+        total += n;
         ttft[i] = c->n_times ? c->times[0] - c->t0 : 0;
         for (int k = 1; k < c->n_times; k++) gaps[ng++] = c->times[k] - c->times[k - 1];
         if (c->n_times && c->times[c->n_times - 1] > end) end = c->times[c->n_times - 1];
+        /* decode: the tokens after each stream's first, from the first
+         * first token to the last token (the prompts' step left out) */
+        if (c->n_times && c->times[0] < first) first = c->times[0];
+        decoded += n > 1 ? n - 1 : 0;
     }
-    printf("%-6s %5d  %9.1f  %8.1f  %8.0f  %8.1f  %8.1f\n", kv, users, total / (end - t0), total / (end - t0) / users,
-           1e3 * pct(ttft, users, 0.5), 1e3 * pct(gaps, ng, 0.5), 1e3 * pct(gaps, ng, 0.99));
+    printf("%-6s %5d  %9.1f  %10.1f  %8.1f  %8.0f  %8.1f  %8.1f\n", kv, users, total / (end - t0),
+           end > first ? decoded / (end - first) : 0, total / (end - t0) / users, 1e3 * pct(ttft, users, 0.5),
+           1e3 * pct(gaps, ng, 0.5), 1e3 * pct(gaps, ng, 0.99));
     fflush(stdout);
     for (int i = 0; i < users; i++) free(u[i].c.out), free(u[i].c.times);
     free(u), free(t), free(gaps), free(ttft);
@@ -316,7 +325,7 @@ int main(int argc, char **argv) {
         }
     signal(SIGPIPE, SIG_IGN);
     printf("%s, %d threads, %d tokens per user, greedy\n", model, threads, tokens);
-    printf("kv     users  agg tok/s  per user  TTFT p50  ITL p50   ITL p99   (ms)\n");
+    printf("kv     users  agg tok/s  decode tok/s  per user  TTFT p50  ITL p50   ITL p99   (ms)\n");
     char list[256];
     snprintf(list, sizeof list, "%s", kvs);
     char *save1 = NULL;
