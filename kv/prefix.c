@@ -45,10 +45,11 @@ int prefix_init(PrefixCache **pp, size_t budget, int chunk, const char *dir, uin
         return -1;
     }
     struct stat st;
-    if (dir && (stat(dir, &st) || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK))) {
-        const int e = errno;
+    /* errno of what failed, -1 for a path that is not a folder */
+    const int bad = !dir ? 0 : stat(dir, &st) ? errno : !S_ISDIR(st.st_mode) ? -1 : access(dir, W_OK | X_OK) ? errno : 0;
+    if (bad) {
         snprintf(err, errlen, "--cache-dir %s: expected a folder this process can write, found %s", dir,
-                 stat(dir, &st) ? strerror(e) : !S_ISDIR(st.st_mode) ? "something else" : strerror(e));
+                 bad < 0 ? "something else" : strerror(bad));
         return -1;
     }
     PrefixCache *p = calloc(1, sizeof *p);

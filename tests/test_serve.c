@@ -670,9 +670,11 @@ Test(serve, full_server_503_and_hangups_free) {
 Test(serve, usage_errors) {
     if (!has_serve()) cr_skip_test("this ./run was built without libmicrohttpd");
     const char *args[] = {MODEL " -m serve -i hello", MODEL " --port 8080", MODEL " -m serve -np 0",
-                          MODEL " -m serve --port 70000", MODEL " -m serve -dev cuda"};
-    const char *says[] = {"not -i or -f", "are for -m serve", "-np: expected", "--port: expected", "CPU only"};
-    for (int i = 0; i < 5; i++) {
+                          MODEL " -m serve --port 70000", MODEL " -m serve -dev cuda", MODEL " --cache-mb 8",
+                          MODEL " -m serve --cache-chunk 20", MODEL " -m serve --cache-mb 0 --cache-dir /tmp"};
+    const char *says[] = {"not -i or -f", "are for -m serve", "-np: expected", "--port: expected", "CPU only",
+                          "are for -m serve", "--cache-chunk: expected a multiple of 16", "the prefix cache is off"};
+    for (int i = 0; i < 8; i++) {
         char cmd[512];
         snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>/tmp/run_serve_usage.%d", bin(), args[i], (int)getpid());
         int st = system(cmd);
@@ -683,6 +685,17 @@ Test(serve, usage_errors) {
         free(err);
         remove(cmd);
     }
+    /* a cache folder that is not one: one line naming it, exit 1 */
+    char cmd0[512], path0[128];
+    snprintf(path0, sizeof path0, "/tmp/run_serve_usage.%d", (int)getpid());
+    snprintf(cmd0, sizeof cmd0, "%s " MODEL " -m serve --port 0 --cache-dir /nonexistent/run 2>%s", bin(), path0);
+    int st0 = system(cmd0);
+    char *err0 = slurp(path0, NULL);
+    cr_expect(WIFEXITED(st0) && WEXITSTATUS(st0) == 1, "exit %d: %s", WEXITSTATUS(st0), err0);
+    const char *e0 = strstr(err0, "error: --cache-dir /nonexistent/run: expected a folder");
+    cr_expect(e0 && !strstr(e0 + 1, "error:"), "%s", err0);
+    free(err0);
+    remove(path0);
     /* an address in use: one line naming it, exit 1 */
     Server s;
     server_start(&s, "");

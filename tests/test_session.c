@@ -80,23 +80,18 @@ static void expect_split_equals_whole(const char *model, const char *opts) {
 /* Replies cut by -n leave their last token out of the cache, the drafter
  * (on by default: both models have an MTP head) has rows still to write,
  * and kivi2 keeps its newest positions in f32: all of it comes back. */
-Test(session, qwen3_over_runs_is_one_run) {
+static void over_schemes(const char *model) {
     const char *kv[] = {"f32", "f16", "tbq4", "kivi2", "kivi2:g16:r16"};
     for (size_t i = 0; i < sizeof kv / sizeof *kv; i++) {
         char o[128];
         snprintf(o, sizeof o, "-t 0 -n 8 -kv %s", kv[i]);
-        expect_split_equals_whole(QWEN3, o);
+        expect_split_equals_whole(model, o);
     }
 }
 
-Test(session, qwen35_over_runs_is_one_run) {
-    const char *kv[] = {"f32", "f16", "tbq4", "kivi2", "kivi2:g16:r16"};
-    for (size_t i = 0; i < sizeof kv / sizeof *kv; i++) {
-        char o[128];
-        snprintf(o, sizeof o, "-t 0 -n 8 -kv %s", kv[i]);
-        expect_split_equals_whole(QWEN35, o);
-    }
-}
+Test(session, qwen3_over_runs_is_one_run) { over_schemes(QWEN3); }
+
+Test(session, qwen35_over_runs_is_one_run) { over_schemes(QWEN35); }
 
 /* Without drafts, with penalties (their window is saved), past a full
  * context (turns dropped and fed again; replies that reach its end, their

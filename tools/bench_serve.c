@@ -91,6 +91,8 @@ typedef struct {
 } Call;
 
 static void call(int port, const char *path, const char *body, Call *c) {
+    const char *method = body ? "POST" : "GET";
+    body = body ? body : "";
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -98,8 +100,8 @@ static void call(int port, const char *path, const char *body, Call *c) {
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&a, sizeof a)) die("cannot connect to the server");
     char head[256];
-    int hn = snprintf(head, sizeof head, "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\nConnection: close\r\n\r\n", path, strlen(body));
+    int hn = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\nConnection: close\r\n\r\n", method, path, strlen(body));
     memset(c, 0, sizeof *c);
     c->t0 = now_s();
     if (write(fd, head, (size_t)hn) != hn || write(fd, body, strlen(body)) != (ssize_t)strlen(body))
@@ -258,17 +260,10 @@ static double bench_prefix(const char *model, const char *kv, int prefix, int th
         free(d);
     }
     /* the cache's bytes for this scheme over the positions it holds */
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a)) die("cannot connect to the server");
-    const char *get = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    if (write(fd, get, strlen(get)) != (ssize_t)strlen(get)) die("cannot send a request");
-    size_t n = 0;
-    ssize_t r;
-    while ((r = read(fd, body + n, (1 << 20) - 1 - n)) > 0) n += (size_t)r;
-    body[n] = 0;
-    close(fd);
+    call(s.port, "/metrics", NULL, &c);
+    free(c.times);
+    free(body);
+    body = c.out;
     char key[96];
     snprintf(key, sizeof key, "run_prefix_cache_bytes{scheme=\"%s\"} ", kv);
     const char *p = strstr(body, key);
