@@ -49,7 +49,7 @@ NVCC       ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v n
 CUDA       ?= $(if $(NVCC),1,0)
 CUDA_ARCHS ?= 80 86 89 90 120 121
 ifeq ($(CUDA),1)
-CU_SRC   := $(sort $(wildcard kernels/*.cu attn/*.cu sample/*.cu))
+CU_SRC   := $(sort $(wildcard kernels/*.cu kv/*.cu attn/*.cu sample/*.cu))
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB_OBJ  += $(CU_OBJ)
 CFLAGS   += -DUSE_CUDA
@@ -58,7 +58,7 @@ NVFLAGS  ?= -O3 -std=c++17 -lineinfo --threads 0 -Xcompiler -Wall,-Wextra --Werr
 PTX_ARCHS := $(sort $(firstword $(CUDA_ARCHS)) $(filter 90,$(CUDA_ARCHS)))
 NVGENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
 	$(foreach a,$(PTX_ARCHS),-gencode arch=compute_$(a),code=compute_$(a))
-$(BUILD)/%.cu.o: %.cu $(HDRS) kernels/cuda_common.cuh
+$(BUILD)/%.cu.o: %.cu $(HDRS) $(wildcard */*.cuh)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $(NVGENCODE) -I. -DUSE_CUDA \
 		-DCUDA_ARCH_LIST='"$(foreach a,$(CUDA_ARCHS),sm_$(a))"' -c $< -o $@
@@ -203,10 +203,11 @@ bench-cuda: $(BUILD)/bench_cuda
 
 # What tools/gpu-check.sh runs on a GPU machine, built here into
 # GPU_BUILD: ./run, the CUDA tests on the plain runner (no Criterion
-# needed there) and the benchmark.
+# needed there) and the benchmark; without the server, whose library
+# the GPU machine may not have.
 GPU_BUILD ?= build-gpu
 gpu-build:
-	$(MAKE) BUILD=$(GPU_BUILD) PLAIN_TESTS=tests/test_cuda.c $(GPU_BUILD)/run $(GPU_BUILD)/test_plain \
+	$(MAKE) BUILD=$(GPU_BUILD) SERVE=0 PLAIN_TESTS=tests/test_cuda.c $(GPU_BUILD)/run $(GPU_BUILD)/test_plain \
 		$(GPU_BUILD)/bench_cuda
 
 $(BUILD)/make_model: $(BUILD)/tools/make_model.o

@@ -31,9 +31,11 @@
  * pair (the V tile's layout) and weighs each position by p times its scale.
  */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cuda.h"
 #include "kernels/cuda_common.cuh"
+#include "kv/tbq.cuh"
 
 #define AT_WARPS 4 /* warps per block, each walking its own run of positions */
 #define AT_SMALL 4 /* query rows of the decode variant */
@@ -106,19 +108,26 @@ template <int HD, int FMT, int MAXR>
 __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, float *part, int *count, const float *q,
                                                                    int ldq, const void *kc, const void *vc,
                                                                    const int *d_pos, int n, int nh, int nkv, int cap,
-                                                                   float scale, int splits, int qb) {
+                                                                   float scale, int splits, int qb, TbqTab tab) {
     constexpr int DPL = HD / 16; /* key dims per lane */
     constexpr int DL = HD / 32;  /* value dims per lane */
     /* key row pairs a warp loads before it scores them: fewer where the
      * rows or the sums take the registers */
     constexpr int LOOK = MAXR > AT_SMALL || HD > 128 ? 2 : 4;
     constexpr int VLOOK = MAXR > AT_SMALL && HD > 128 ? 4 : 8; /* value rows likewise */
-    constexpr int MAIN = MAXR * HD + AT_WARPS * MAXR * 32, MERGE = AT_WARPS * MAXR * HD;
-    constexpr bool ALL = MAXR == AT_SMALL && FMT != CUDA_KV_Q8; /* q8's rows cost arithmetic */
-    /* the loop's queries and probabilities, then the warps' sums to merge */
+    /* tbq: bits per code, bytes per 128-value block and per position, and
+     * each warp's staging of 32 positions (16 bytes over, for the last
+     * row's unaligned word loads) */
+    constexpr int TB = tbq_bits_of(FMT), BB = 2 + 16 * TB, VB = HD / 128 * BB, STW = TB ? 32 * VB + 16 : 0;
+    constexpr int MAIN = MAXR * HD + AT_WARPS * MAXR * 32 + AT_WARPS * STW / 4, MERGE = AT_WARPS * MAXR * HD;
+    constexpr bool ALL = MAXR == AT_SMALL && FMT <= CUDA_KV_F16; /* q8's and tbq's rows cost arithmetic */
+    /* the loop's queries, probabilities and staged rows, then the warps'
+     * sums to merge */
     __shared__ __align__(16) float sm[MAIN > MERGE ? MAIN : MERGE];
     __shared__ float wm[AT_WARPS][MAXR], wl[AT_WARPS][MAXR];
+    __shared__ float cbs[16]; /* tbq's codebook */
     float *qs = sm, *ps = sm + MAXR * HD;
+    uint8_t *stage = (uint8_t *)(sm + MAXR * HD + AT_WARPS * MAXR * 32) + (threadIdx.x >> 5) * STW;
     pdl_wait(); /* the position, the queries and the rows just stored */
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int hw = lane >> 4, hl = lane & 15;
@@ -143,9 +152,17 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
          * wait on each other, and a short context's step is those chains. */
         for (int e = tid; e < (ALL ? MAXR : R) * HD; e += 32 * AT_WARPS) {
             const int r = e / HD, d = e % HD;
-            qs[e] = r < R ? q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] * scale : 0.0f;
+            const float x = r < R ? q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] : 0.0f;
+            qs[e] = TB ? x : x * scale;
         }
+        if (TB && tid < 16) cbs[tid] = tab.cb[tid];
         __syncthreads();
+        if constexpr (TB > 0) {
+            /* into the keys' domain, then scaled (kv_to_domain_scaled's order) */
+            tbq_rotate_rows(qs, R * HD, tab.s1, tab.s2, tab.hinv);
+            for (int e = tid; e < R * HD; e += 32 * AT_WARPS) qs[e] *= scale;
+            __syncthreads();
+        }
         constexpr bool F16 = FMT == CUDA_KV_F16;
         const size_t row_bytes = (size_t)HD * (F16 ? 2 : 4);
         const char *K = (const char *)kc + kv_stream_bytes(FMT, HD, cap) * h;
@@ -163,7 +180,49 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
             float mine[MAXR]; /* this lane's position's score, per row */
 #pragma unroll
             for (int r = 0; r < MAXR; r++) mine[r] = 0;
-            if constexpr (FMT == CUDA_KV_Q8) {
+            if constexpr (TB > 0) {
+                /* the 32 positions' rows into the warp's staging, then lane k
+                 * scores position k's: its codes as words in registers, each
+                 * value looked up once for all rows */
+                constexpr int NW = 4 * TB; /* code words per block */
+                const uint4 *src = (const uint4 *)((const uint8_t *)K + (size_t)base * VB);
+                for (int e = lane; e < (cnt * VB + 15) / 16; e += 32) ((uint4 *)stage)[e] = src[e];
+                __syncwarp();
+#pragma unroll
+                for (int b = 0; b < HD / 128; b++) {
+                    const uint8_t *blk = stage + lane * VB + b * BB;
+                    const float d = f16_f32(*(const uint16_t *)blk);
+                    /* the code bytes start 2 bytes into the block: aligned
+                     * words and a funnel shift (rows are 2-byte aligned) */
+                    const int a = (int)((uintptr_t)(blk + 2) & 3);
+                    const uint32_t *w0 = (const uint32_t *)(blk + 2 - a);
+                    uint32_t w[NW], prev = w0[0];
+#pragma unroll
+                    for (int i = 0; i < NW; i++) {
+                        const uint32_t nx = w0[i + 1];
+                        w[i] = __funnelshift_r(prev, nx, 8 * a);
+                        prev = nx;
+                    }
+                    float dot[MAXR];
+#pragma unroll
+                    for (int r = 0; r < MAXR; r++) dot[r] = 0;
+#pragma unroll
+                    for (int j = 0; j < 128; j += 4) {
+                        float kv[4];
+#pragma unroll
+                        for (int e = 0; e < 4; e++) kv[e] = cbs[tbq_code<TB, NW>(w, j + e)];
+#pragma unroll
+                        for (int r = 0; r < MAXR; r++)
+                            if (r < R) {
+                                const float4 qq = *(const float4 *)(qs + r * HD + b * 128 + j);
+                                dot[r] = fmaf(qq.x, kv[0], dot[r]), dot[r] = fmaf(qq.y, kv[1], dot[r]);
+                                dot[r] = fmaf(qq.z, kv[2], dot[r]), dot[r] = fmaf(qq.w, kv[3], dot[r]);
+                            }
+                    }
+#pragma unroll
+                    for (int r = 0; r < MAXR; r++) mine[r] = b ? fmaf(d, dot[r], mine[r]) : d * dot[r];
+                }
+            } else if constexpr (FMT == CUDA_KV_Q8) {
                 /* tile by tile: lane l's quads l (and l + 32) and their blocks' scales */
                 constexpr int QPL = HD / 128;
                 float first[MAXR]; /* the first tile's sums, until the second's are made */
@@ -271,7 +330,29 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                     ps[(warp * MAXR + r) * 32 + lane] = p;
                 }
             __syncwarp();
-            if constexpr (FMT == CUDA_KV_Q8) {
+            if constexpr (TB > 0) {
+                /* the value rows staged over the keys; lane l's DL dims of each
+                 * position, weighed by p times its block's scale */
+                const uint4 *src = (const uint4 *)((const uint8_t *)V + (size_t)base * VB);
+                for (int e = lane; e < (cnt * VB + 15) / 16; e += 32) ((uint4 *)stage)[e] = src[e];
+                __syncwarp();
+                const int b = lane * DL / 128, jl = lane * DL % 128;
+                for (int u = 0; u < cnt; u++) {
+                    const uint8_t *blk = stage + u * VB + b * BB;
+                    const float d = f16_f32(*(const uint16_t *)blk);
+                    const uint32_t cw = tbq_bits_at(blk + 2, TB * jl, TB * DL);
+                    float vv[DL];
+#pragma unroll
+                    for (int e = 0; e < DL; e++) vv[e] = cbs[(cw >> (TB * e)) & ((1u << TB) - 1)];
+#pragma unroll
+                    for (int r = 0; r < MAXR; r++)
+                        if (r < R) {
+                            const float w = __fmul_rn(ps[(warp * MAXR + r) * 32 + u], d);
+#pragma unroll
+                            for (int e = 0; e < DL; e++) acc[r][e] = fmaf(w, vv[e], acc[r][e]);
+                        }
+                }
+            } else if constexpr (FMT == CUDA_KV_Q8) {
                 /* lane l's DL dims of each position pair, weighed by p times the position's scale */
                 for (int tt = 0; tt < 2 && tt * 16 < cnt; tt++) {
                     const uint8_t *tile = (const uint8_t *)V + (size_t)((base + 16 * tt) / 16) * 17 * HD;
@@ -354,10 +435,22 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                 }
             const size_t row = (size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa, at = row * splits + sp;
             /* one split: this is the answer */
-            if (splits == 1) out[row * HD + d] = num / den;
+            /* tbq's, over warp 0's sums of the same (row, dim), which no
+             * other thread reads: rotated back below */
+            if (TB && splits == 1) wacc[r * HD + d] = num / den;
+            else if (splits == 1) out[row * HD + d] = num / den;
             else {
                 pacc[at * HD + d] = num;
                 if (d == 0) pml[2 * at] = M, pml[2 * at + 1] = den;
+            }
+        }
+        if (TB && splits == 1) {
+            /* back from the values' domain (kv_from_domain_scaled) */
+            __syncthreads();
+            tbq_rotate_rows(sm, R * HD, tab.s2, tab.s1, tab.hinv);
+            for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
+                const int r = e / HD;
+                out[((size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa) * HD + e % HD] = sm[e];
             }
         }
     }
@@ -408,7 +501,13 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
 #pragma unroll 8
             for (int j = 0; j < splits; j++)
                 if (wsp[j] != 0) num = fmaf(wsp[j], __ldcg(pacc + (at + j) * HD + d), num); /* empty: never written */
-            out[row * HD + d] = num / den;
+            if (TB) sm[d] = num / den;
+            else out[row * HD + d] = num / den;
+        }
+        if (TB) {
+            /* back from the values' domain */
+            tbq_rotate_rows(sm, HD, tab.s2, tab.s1, tab.hinv);
+            for (int d = tid; d < HD; d += 32 * AT_WARPS) out[row * HD + d] = sm[d];
         }
         __syncthreads(); /* wsp and red are rewritten for the next row */
     }
@@ -440,12 +539,15 @@ extern "C" int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_
 template <int HD, int FMT>
 static void launch(dim3 g, float *out, float *part, int *count, const float *q, int ldq, const void *kc,
                    const void *vc, const int *pos, int n, int nh, int nkv, int cap, float scale, int splits, int qb) {
+    TbqTab tab;
+    memset(&tab, 0, sizeof tab);
+    if (tbq_bits_of(FMT)) tbq_cuda_tab(tbq_bits_of(FMT), &tab);
     if (qb * (nh / nkv) <= AT_SMALL)
         pdl_launch(attn_split_kernel<HD, FMT, AT_SMALL>, g, dim3(32 * AT_WARPS), out, part, count, q, ldq, kc, vc, pos,
-                   n, nh, nkv, cap, scale, splits, qb);
+                   n, nh, nkv, cap, scale, splits, qb, tab);
     else
         pdl_launch(attn_split_kernel<HD, FMT, at_rows(HD)>, g, dim3(32 * AT_WARPS), out, part, count, q, ldq, kc, vc,
-                   pos, n, nh, nkv, cap, scale, splits, qb);
+                   pos, n, nh, nkv, cap, scale, splits, qb, tab);
 }
 
 extern "C" void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int fmt,
@@ -454,12 +556,25 @@ extern "C" void cuda_attention(float *d_out, const float *d_q, int ldq, const vo
     const int qb = tokens_per_block(n, nh, nkv, hd);
     const dim3 g(nkv, splits, (n + qb - 1) / qb);
 #define ARGS g, d_out, d_part, d_count, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb
-    if (hd == 128 && fmt == CUDA_KV_F16) launch<128, CUDA_KV_F16>(ARGS);
-    else if (hd == 128 && fmt == CUDA_KV_Q8) launch<128, CUDA_KV_Q8>(ARGS);
-    else if (hd == 128) launch<128, CUDA_KV_F32>(ARGS);
-    else if (fmt == CUDA_KV_F16) launch<256, CUDA_KV_F16>(ARGS);
-    else if (fmt == CUDA_KV_Q8) launch<256, CUDA_KV_Q8>(ARGS);
-    else launch<256, CUDA_KV_F32>(ARGS);
+    if (hd == 128) {
+        switch (fmt) {
+        case CUDA_KV_F16: launch<128, CUDA_KV_F16>(ARGS); break;
+        case CUDA_KV_Q8: launch<128, CUDA_KV_Q8>(ARGS); break;
+        case CUDA_KV_TBQ2: launch<128, CUDA_KV_TBQ2>(ARGS); break;
+        case CUDA_KV_TBQ3: launch<128, CUDA_KV_TBQ3>(ARGS); break;
+        case CUDA_KV_TBQ4: launch<128, CUDA_KV_TBQ4>(ARGS); break;
+        default: launch<128, CUDA_KV_F32>(ARGS);
+        }
+    } else {
+        switch (fmt) {
+        case CUDA_KV_F16: launch<256, CUDA_KV_F16>(ARGS); break;
+        case CUDA_KV_Q8: launch<256, CUDA_KV_Q8>(ARGS); break;
+        case CUDA_KV_TBQ2: launch<256, CUDA_KV_TBQ2>(ARGS); break;
+        case CUDA_KV_TBQ3: launch<256, CUDA_KV_TBQ3>(ARGS); break;
+        case CUDA_KV_TBQ4: launch<256, CUDA_KV_TBQ4>(ARGS); break;
+        default: launch<256, CUDA_KV_F32>(ARGS);
+        }
+    }
 #undef ARGS
     cuda_note("attention");
 }

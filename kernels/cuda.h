@@ -86,11 +86,14 @@ void cuda_embed(float *d_x, const void *d_E, int dtype, const int *d_tokens, int
  * (rmsnorm; y may alias x). */
 void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, const float *d_w, int n, int H, float eps);
 /* The KV caches on the GPU, one stream per (layer, kv head) of cap
- * positions, as on the CPU (kv/f32.c, kv/f16.c, kv/q8.c):
+ * positions, as on the CPU (kv/f32.c, kv/f16.c, kv/q8.c, kv/tbq_common.h):
  *   CUDA_KV_F32, CUDA_KV_F16  rows [cap, hd]
  *   CUDA_KV_Q8  tiles of 16 positions, |fp16 scales [hd/32][16]|codes [16 hd]|,
- *               K codes [hd/4][16][4 int8], V codes [8 pairs][hd][2 int8] */
-enum { CUDA_KV_F32, CUDA_KV_F16, CUDA_KV_Q8 };
+ *               K codes [hd/4][16][4 int8], V codes [8 pairs][hd][2 int8]
+ *   CUDA_KV_TBQ2, _TBQ3, _TBQ4  one vector per position, hd / 128 blocks of
+ *               |fp16 d|128 codes of b bits|, in the rotated domain; the
+ *               positions rounded up to 32 (kv/tbq.cuh) */
+enum { CUDA_KV_F32, CUDA_KV_F16, CUDA_KV_Q8, CUDA_KV_TBQ2, CUDA_KV_TBQ3, CUDA_KV_TBQ4 };
 /* Bytes of one stream of cap positions. */
 size_t cuda_kv_stream_bytes(int fmt, int hd, int cap);
 /* Per token i < n at position pos + i (pos read from d_pos): every query
@@ -100,10 +103,18 @@ size_t cuda_kv_stream_bytes(int fmt, int hd, int cap);
  * then stored at slot pos + i of the caches kc, vc [nkv streams] in format
  * fmt (f16 rounded to nearest even; q8 blocks as kv/q8.c's append, byte
  * for byte). Token i's rows of q, k and v start i * ld floats after their
- * first (one q|k|v matmul's output). */
-void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, int ld, const float *d_qn,
+ * first (one q|k|v matmul's output). A tbq cache is not stored here: the
+ * roped keys are written back over k, for cuda_tbq_store. */
+void cuda_qk_rope_store(float *d_q, float *d_k, const float *d_v, int ld, const float *d_qn,
                         const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc, int fmt,
                         const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap, float eps);
+/* ---- kv/tbq.cu: twin of tbq_append ---- */
+/* Token i's key k + i ld [nkv, hd] and value v + i ld rotated and coded
+ * into slot pos + i (pos from d_pos) of the tbq caches kc, vc [nkv
+ * streams] of format fmt, byte for byte as tbq_append codes them. */
+void cuda_tbq_store(const float *d_k, const float *d_v, int ld, void *d_kc, void *d_vc, int fmt, const int *d_pos,
+                    int n, int nkv, int hd, int cap);
+
 /* out [n, I] = silu(gate) * up for gu [n, 2I] holding gate i and up i at
  * 2i and 2i + 1, the output of the gate|up matmul over interleaved rows
  * (swiglu_ref). */
@@ -134,7 +145,7 @@ void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int r
 void cuda_matvec(float *d_y, const float *d_x, int xmode, const float *d_nw, float eps, const void *d_W, int dtype,
                  int rows, int cols, int n, int pair, int add);
 
-/* ---- attn/attn.cu: twin of attn_group_ref over f32, f16 and q8 caches ---- */
+/* ---- attn/attn.cu: twin of attn_group_ref over f32, f16, q8 and tbq caches ---- */
 /* Causal attention of n tokens at positions pos .. pos + n - 1 (pos from
  * d_pos) over the caches kc, vc [nkv streams] of one layer in format fmt, holding
  * positions 0 .. pos + n - 1: out [n, nh, hd] from q [n, nh, hd] (query

@@ -80,7 +80,7 @@ __device__ void q8_store(uint8_t *tiles, int hd, int pos, int t, float x, int ro
  * h < nh are queries (normed, roped, written back in place); the others
  * are kv head h - nh: its key normed and roped, then key and value stored
  * in the caches at slot pos + i. */
-__global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, int ld, const float *qn,
+__global__ void qk_rope_store_kernel(float *q, float *k, const float *v, int ld, const float *qn,
                                      const float *kn, const float *cs, const float *sn, void *kc, void *vc, int fmt,
                                      const int *d_pos, int nh, int nkv, int hd, int rot, int cap, float eps) {
     __shared__ double sh[32];
@@ -101,8 +101,9 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, i
         const float a = buf[j], b = buf[j + half];
         y = t < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
     }
-    if (is_q) {
-        q[(size_t)i * ld + (size_t)h * hd + t] = y;
+    if (is_q || fmt >= CUDA_KV_TBQ2) {
+        /* queries, and keys a tbq store (kv/tbq.cu) codes next, in place */
+        (is_q ? q : k)[(size_t)i * ld + (size_t)(is_q ? h : kh) * hd + t] = y;
         return;
     }
     const float vv = v[(size_t)i * ld + (size_t)kh * hd + t];
@@ -122,7 +123,7 @@ __global__ void qk_rope_store_kernel(float *q, const float *k, const float *v, i
     }
 }
 
-extern "C" void cuda_qk_rope_store(float *d_q, const float *d_k, const float *d_v, int ld, const float *d_qn,
+extern "C" void cuda_qk_rope_store(float *d_q, float *d_k, const float *d_v, int ld, const float *d_qn,
                                    const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc,
                                    int fmt, const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap,
                                    float eps) {

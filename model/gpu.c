@@ -74,12 +74,22 @@ int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen) 
     return spec ? gpu_supports_kv(spec, err, errlen) : 0;
 }
 
+/* The schemes with a CUDA cache, in kernels/cuda.h's order of formats. */
+static const char *const gpu_schemes[] = {"f32", "f16", "q8", "tbq2", "tbq3", "tbq4"};
+
+/* A scheme's CUDA_KV_* format, -1 for one the GPU does not take. */
+static int gpu_kv_fmt(const char *name) {
+    for (int i = 0; i < (int)(sizeof gpu_schemes / sizeof *gpu_schemes); i++)
+        if (!strcmp(name, gpu_schemes[i])) return i;
+    return -1;
+}
+
 int gpu_supports_kv(const KVSpec *spec, char *err, size_t errlen) {
     const char *names[2] = {spec->k->name, spec->v->name};
     for (int i = 0; i < 2; i++)
-        if (strcmp(names[i], "f32") && strcmp(names[i], "f16") && strcmp(names[i], "q8")) {
-            snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32, f16 and q8 do; use -dev cpu)",
-                     names[i]);
+        if (gpu_kv_fmt(names[i]) < 0) {
+            snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32, f16, q8, tbq4, tbq3 and tbq2 "
+                     "do; use -dev cpu)", names[i]);
             return -1;
         }
     if (spec->k != spec->v) {
@@ -132,7 +142,7 @@ struct GpuModel {
 /* The device side of a KVCache (kv->dev). */
 typedef struct {
     GpuModel *g;
-    int fmt, layers, cap; /* fmt: CUDA_KV_F32, _F16 or _Q8 */
+    int fmt, layers, cap; /* fmt: CUDA_KV_F32, _F16, _Q8 or _TBQ2..4 */
     char *k, *v;          /* [layers, nkv streams] each (kernels/cuda.h) */
     size_t layer_bytes;
     void *graph[GPU_GRAPH_MAX + 1][GPU_SPLIT_KINDS]; /* by token count and splits, captured on first use */
@@ -469,7 +479,7 @@ int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, 
     GpuKV *d = calloc(1, sizeof *d);
     if (!d) { snprintf(err, errlen, "out of memory"); return -1; }
     d->g = g;
-    d->fmt = !strcmp(spec->k->name, "f16") ? CUDA_KV_F16 : !strcmp(spec->k->name, "q8") ? CUDA_KV_Q8 : CUDA_KV_F32;
+    d->fmt = gpu_kv_fmt(spec->k->name);
     d->layers = mtp ? 1 : c->n_layers;
     d->cap = ctx;
     d->layer_bytes = c->n_kv_heads * cuda_kv_stream_bytes(d->fmt, c->head_dim, ctx);
@@ -523,6 +533,8 @@ static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, i
     }
     cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn, kc, vc,
                        d->fmt, g->pos, n, nh, nkv, hd, c->rot_dim, d->cap, eps);
+    if (d->fmt >= CUDA_KV_TBQ2)
+        cuda_tbq_store(g->qkv + qd, g->qkv + qd + nkv * hd, ld, kc, vc, d->fmt, g->pos, n, nkv, hd, d->cap);
     cuda_attention(g->att, g->qkv, ld, kc, vc, d->fmt, g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd),
                    g->part, g->count, splits);
     mm(g->x, g->att, &L->wo, n, 1);
@@ -624,6 +636,9 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
             case 1:
                 cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn,
                                    d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
+                if (d->fmt >= CUDA_KV_TBQ2)
+                    cuda_tbq_store(g->qkv + qd, g->qkv + qd + nkv * hd, ld, d->k, d->v, d->fmt, g->pos, 1, nkv, hd,
+                                   d->cap);
                 break;
             case 2:
                 cuda_attention(g->att, g->qkv, ld, d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, d->cap,

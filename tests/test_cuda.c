@@ -13,6 +13,7 @@
 #include "attn/attn.h"
 #include "kernels/cuda.h"
 #include "kernels/half.h"
+#include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/gpu.h"
 #include "model/model.h"
@@ -22,7 +23,8 @@
 
 /* What the GPU path refuses is decided from the config and the scheme,
  * on any machine: Qwen3.5's hybrid, head dims other than 128 and 256, and
- * the compressed schemes but q8 (so far), and a K/V pair of two schemes. */
+ * the compressed schemes but q8 and tbq (so far), and a K/V pair of two
+ * schemes. */
 Test(cuda, what_the_gpu_refuses) {
     static const struct {
         const char *model, *kv, *says;
@@ -31,7 +33,10 @@ Test(cuda, what_the_gpu_refuses) {
         {"models/qwen3-kjv-mtp", "f32", NULL},
         {"models/qwen3-kjv-mtp", "q8", NULL},
         {"models/qwen3-kjv-mtp", "q8/f16", "K and V in different schemes"},
-        {"models/qwen3-kjv-mtp", "tbq4", "KV scheme tbq4 has no CUDA kernel yet"},
+        {"models/qwen3-kjv-mtp", "tbq4", NULL},
+        {"models/qwen3-kjv-mtp", "tbq2", NULL},
+        {"models/qwen3-kjv-mtp", "polar4", "KV scheme polar4 has no CUDA kernel yet"},
+        {"models/qwen3-kjv-mtp", "kivi2", "KV scheme kivi2 has no CUDA kernel yet"},
         {"models/qwen35-kjv-mtp", "f16", "Gated DeltaNet"},
         {"tests/data/fixtures/tiny", "f16", "head_dim 32"},
     };
@@ -248,7 +253,7 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
     float gk[n][nkv][hd]; /* the GPU's keys, from the f32 pass, for the q8 pass's CPU quantizer */
     float qkv[n * ld], qn[hd], kn[hd];
     fill(qkv, n * ld), fill(qn, hd), fill(kn, hd);
-    for (int fmt = 0; fmt < 3; fmt++) {
+    for (int fmt = 0; fmt <= CUDA_KV_TBQ4; fmt++) {
         const int f16 = fmt == CUDA_KV_F16;
         float *cs = malloc((size_t)cap * half * 4), *sn = malloc((size_t)cap * half * 4);
         for (int p = 0; p < cap; p++)
@@ -267,6 +272,12 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
         char *kc = malloc(cbytes), *vc = malloc(cbytes);
         down(gq, dq, sizeof gq);
         down(kc, dkc, cbytes), down(vc, dvc, cbytes);
+        if (fmt >= CUDA_KV_TBQ2)
+            /* tbq: the roped keys stay in the q|k|v rows for cuda_tbq_store, as the f32 pass stored them */
+            for (int i = 0; i < n; i++)
+                for (int h = 0; h < nkv; h++)
+                    cr_expect(memcmp(gq + i * ld + (nh + h) * hd, gk[i][h], sizeof gk[i][h]) == 0,
+                              "tbq format %d: token %d key head %d not left roped in place", fmt, i, h);
         if (fmt == CUDA_KV_Q8) {
             /* the CPU's q8 append of the same keys (the f32 pass's) and values: the same blocks */
             KVSpec spec;
@@ -294,7 +305,7 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
                     kv_stream_free(&cs8);
                 }
         }
-        for (int i = 0; i < n && fmt != CUDA_KV_Q8; i++) {
+        for (int i = 0; i < n && fmt < CUDA_KV_Q8; i++) {
             for (int h = 0; h < nh + nkv; h++) {
                 float x[128];
                 const float *src = qkv + i * ld + h * hd; /* queries, then keys */
@@ -328,12 +339,20 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
     }
 }
 
+/* The CUDA_KV_* format of a scheme's name. */
+static int gpu_fmt(const char *scheme) {
+    static const char *const names[] = {"f32", "f16", "q8", "tbq2", "tbq3", "tbq4"};
+    for (int i = 0; i < 6; i++)
+        if (!strcmp(scheme, names[i])) return i;
+    cr_assert_fail("no CUDA format for %s", scheme);
+    return -1;
+}
+
 /* Attention of n new tokens after pos cached ones, against attn_group_ref
  * token by token over CPU streams holding the same rows. */
 static void check_attention(const char *scheme, int hd, int nkv, int gqa, int pos, int n, int splits) {
     const int nh = nkv * gqa, cap = pos + n + 5, L = pos + n;
-    const int fmt = !strcmp(scheme, "f16") ? CUDA_KV_F16 : !strcmp(scheme, "q8") ? CUDA_KV_Q8 : CUDA_KV_F32;
-    const int f16 = fmt == CUDA_KV_F16;
+    const int fmt = gpu_fmt(scheme), f16 = fmt == CUDA_KV_F16;
     char err[256];
     KVSpec spec;
     cr_assert_eq(kv_spec_parse(scheme, &spec, err, sizeof err), 0, "%s", err);
@@ -353,7 +372,7 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
             const float *kr = K + ((size_t)t * nkv + h) * hd, *vr = Vv + ((size_t)t * nkv + h) * hd;
             kv_stream_append(&ks, kr);
             kv_stream_append(&vs, vr);
-            for (int j = 0; j < hd && fmt != CUDA_KV_Q8; j++) {
+            for (int j = 0; j < hd && fmt < CUDA_KV_Q8; j++) {
                 size_t at = ((size_t)h * cap + t) * hd + j;
                 if (f16) ((uint16_t *)kc)[at] = f32_to_f16(kr[j]), ((uint16_t *)vc)[at] = f32_to_f16(vr[j]);
                 else ((float *)kc)[at] = kr[j], ((float *)vc)[at] = vr[j];
@@ -363,8 +382,12 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
                 cr_assert_eq(attn_group_ref(&ks, &vs, q + at, gqa, 1.0f / sqrtf((float)hd), want + at), 0);
             }
         }
-        /* q8: the CPU's tiles are the GPU's, byte for byte */
-        if (fmt == CUDA_KV_Q8) memcpy(kc + h * sb, ks.data, sb), memcpy(vc + h * sb, vs.data, sb);
+        /* q8 and tbq: the CPU's bytes are the GPU's (tbq's stream holds
+         * more positions on the GPU, rounded up to 32) */
+        if (fmt >= CUDA_KV_Q8) {
+            const size_t cb = fmt == CUDA_KV_Q8 ? sb : ks.scheme->span(&ks, cap);
+            memcpy(kc + h * sb, ks.data, cb), memcpy(vc + h * sb, vs.data, cb);
+        }
         kv_stream_free(&ks), kv_stream_free(&vs);
     }
     CudaInfo info;
@@ -404,13 +427,13 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
 
 Test(cuda, attention_matches_attn_group_ref) {
     need_gpu();
-    const char *schemes[] = {"f32", "f16", "q8"};
+    const char *schemes[] = {"f32", "f16", "q8", "tbq4", "tbq3", "tbq2"};
     /* decode (both variants), verification, prefill chunks, a context of
      * one position, lengths off the 32-position runs */
     const int cases[][4] = {/* gqa, pos, n, nkv */ {1, 0, 1, 2},   {2, 1000, 1, 8}, {4, 333, 1, 8}, {6, 129, 3, 2},
                             {2, 300, 5, 2},   {4, 50, 37, 2},  {2, 0, 70, 1},   {8, 4095, 1, 4},
                             {2, 5000, 4, 8},  {16, 77, 2, 1}};
-    for (int s = 0; s < 3; s++)
+    for (int s = 0; s < 6; s++)
         for (int hd = 128; hd <= 256; hd *= 2)
             for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
                 if (cases[c][0] <= (hd == 128 ? 16 : 8))
@@ -419,6 +442,62 @@ Test(cuda, attention_matches_attn_group_ref) {
     check_attention("f16", 128, 2, 4, 40000, 1, 256);
     check_attention("f32", 256, 2, 2, 700, 3, 256);
     check_attention("q8", 128, 2, 4, 40000, 1, 256);
+    check_attention("tbq4", 128, 2, 4, 40000, 1, 256);
+    check_attention("tbq3", 256, 2, 2, 700, 3, 256);
+}
+
+/* kv/tbq.cu against tbq_append: the same rows give the same bytes, for
+ * 2, 3 and 4 bits, head dims 128 and 256 (two blocks), with a zero row
+ * and rows a thousand times larger and smaller than the rest. */
+Test(cuda, tbq_store_matches_tbq_append) {
+    need_gpu();
+    enum { n = 5, nkv = 3 };
+    const int pos = 37, cap = 45;
+    for (int hd = 128; hd <= 256; hd *= 2) {
+        const int ld = 3 * nkv * hd; /* rows of q|k|v, k and v at nkv hd and 2 nkv hd */
+        float *rows = malloc((size_t)n * ld * 4);
+        fill(rows, n * ld);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < 2 * nkv * hd; j++) {
+                float *x = rows + (size_t)i * ld + nkv * hd + j;
+                /* token 1's first key head zero, token 2's scaled up a thousandfold, token 3's down */
+                if (i == 1 && j < hd) *x = 0;
+                if (i == 2) *x *= 1000;
+                if (i == 3) *x *= 1e-3f;
+            }
+        for (int fmt = CUDA_KV_TBQ2; fmt <= CUDA_KV_TBQ4; fmt++) {
+            const char *scheme = fmt == CUDA_KV_TBQ2 ? "tbq2" : fmt == CUDA_KV_TBQ3 ? "tbq3" : "tbq4";
+            const size_t sb = cuda_kv_stream_bytes(fmt, hd, cap);
+            float *drows = up(rows, (size_t)n * ld * 4);
+            int *dpos = up(&pos, sizeof pos);
+            void *dkc = up(NULL, nkv * sb), *dvc = up(NULL, nkv * sb);
+            cuda_tbq_store(drows + nkv * hd, drows + 2 * nkv * hd, ld, dkc, dvc, fmt, dpos, n, nkv, hd, cap);
+            uint8_t *kc = malloc(nkv * sb), *vc = malloc(nkv * sb);
+            down(kc, dkc, nkv * sb), down(vc, dvc, nkv * sb);
+            KVSpec spec;
+            char err[256];
+            cr_assert_eq(kv_spec_parse(scheme, &spec, err, sizeof err), 0, "%s", err);
+            for (int h = 0; h < nkv; h++)
+                for (int role = 0; role < 2; role++) {
+                    KVStream s;
+                    cr_assert_eq(kv_stream_init(&s, spec.k, &spec.ko, hd, cap, 0, role, err, sizeof err), 0, "%s", err);
+                    const size_t vb = s.scheme->span(&s, 1);
+                    float zero[256] = {0};
+                    for (int t = 0; t < pos + n; t++)
+                        kv_stream_append(&s, t < pos ? zero : rows + (size_t)(t - pos) * ld + (1 + role) * nkv * hd + h * hd);
+                    for (int i = 0; i < n; i++) {
+                        const uint8_t *g = (role ? vc : kc) + h * sb + (pos + i) * vb, *c = s.data + (pos + i) * vb;
+                        cr_expect(memcmp(g, c, vb) == 0, "%s hd %d %s head %d token %d: the GPU's block differs "
+                                  "(scale %04x vs %04x)", scheme, hd, role ? "value" : "key", h, i,
+                                  g[0] | g[1] << 8, c[0] | c[1] << 8);
+                    }
+                    kv_stream_free(&s);
+                }
+            cuda_free(drows), cuda_free(dpos), cuda_free(dkc), cuda_free(dvc);
+            free(kc), free(vc);
+        }
+        free(rows);
+    }
 }
 
 /* sampler.cu against sampler_sample: the same filters and coins pick the
@@ -628,7 +707,7 @@ static char *run_text(const char *env, const char *args, int gpu, int spec) {
 static int compare_rows(const char *dev, const char *names[], int n, double *ppl, double *top1) {
     const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s models/qwen3-kjv-mtp -dev %s -m compare -kv f16,q8 -f tools/data/heldout.txt -c 400 "
+    snprintf(cmd, sizeof cmd, "%s models/qwen3-kjv-mtp -dev %s -m compare -kv f16,q8,tbq4 -f tools/data/heldout.txt -c 400 "
              "-n 8 2>/dev/null", bin, dev);
     FILE *p = popen(cmd, "r");
     cr_assert(p, "cannot run %s", cmd);
@@ -649,19 +728,53 @@ static int compare_rows(const char *dev, const char *names[], int n, double *ppl
 }
 
 /* -m compare on the GPU: the CPU's table, its quality columns within
- * rounding of the logits (q8's CPU scores use 8-bit queries, its GPU ones
- * f32: a little more). */
+ * rounding of the logits (q8's and tbq4's CPU scores use 8-bit queries,
+ * their GPU ones f32: a little more). */
 Test(cuda, compare_matches_the_cpu, .timeout = 120) {
     need_gpu();
-    const char *names[] = {"f32", "f16", "q8"};
-    double cp[3], ct[3], gp[3], gt[3];
-    cr_assert_eq(compare_rows("cpu", names, 3, cp, ct), 3, "the CPU's table");
-    cr_assert_eq(compare_rows("cuda", names, 3, gp, gt), 3, "the GPU's table");
-    for (int i = 0; i < 3; i++) {
-        cr_expect(fabs(gp[i] / cp[i] - 1) < (i == 2 ? 2e-3 : 2e-4), "%s: ppl %.4f on the GPU, %.4f on the CPU",
+    const char *names[] = {"f32", "f16", "q8", "tbq4"};
+    double cp[4], ct[4], gp[4], gt[4];
+    cr_assert_eq(compare_rows("cpu", names, 4, cp, ct), 4, "the CPU's table");
+    cr_assert_eq(compare_rows("cuda", names, 4, gp, gt), 4, "the GPU's table");
+    for (int i = 0; i < 4; i++) {
+        cr_expect(fabs(gp[i] / cp[i] - 1) < (i >= 2 ? 2e-3 : 2e-4), "%s: ppl %.4f on the GPU, %.4f on the CPU",
                   names[i], gp[i], cp[i]);
         cr_expect(fabs(gt[i] - ct[i]) <= 1.0, "%s: top-1 %.1f%% on the GPU, %.1f%% on the CPU", names[i], gt[i], ct[i]);
     }
+}
+
+/* The shipped model over tbq caches: the GPU's logits against the CPU's
+ * for one prefill of the golden passage (the CPU scoring in f32, not with
+ * the 8-bit queries of its VNNI kernels). The two devices' keys differ in
+ * their last bits, so a value near a midpoint may take the next code. */
+Test(cuda, tbq_logits_match_the_cpu, .timeout = 120) {
+    need_gpu();
+    static const char *const isa[] = {"ref", "avx2", "avx512", "avx512vnni"};
+    const int level = kernels_level();
+    if (level > 2) kernels_set_isa("avx512");
+    const char *schemes[] = {"tbq4", "tbq3", "tbq2"};
+    for (int s = 0; s < 3; s++) {
+        Model cm, gm;
+        KVCache ck, gk;
+        KVSpec spec;
+        int ids[1024];
+        char err[512];
+        const int n = open_shipped(&gm, &gk, NULL, schemes[s], ids), V = gm.cfg.vocab_size;
+        cr_assert_eq(model_load(&cm, "models/qwen3-kjv-mtp", MODEL_MAPPED, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kv_spec_parse(schemes[s], &spec, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_kv_init(&cm, &ck, &spec, 512, 0, err, sizeof err), 0, "%s", err);
+        float *g = malloc((size_t)n * V * 4), *c = malloc((size_t)n * V * 4);
+        cr_assert_eq(model_forward(&gm, &gk, ids, n, g, 1, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_forward(&cm, &ck, ids, n, c, 1, NULL, err, sizeof err), 0, "%s", err);
+        size_t at = 0;
+        const double e = max_abs(g, c, (size_t)n * V, &at);
+        fprintf(stderr, "%s: GPU against CPU logits, max-abs %g at position %zu of %d\n", schemes[s], e, at / V, n);
+        cr_expect(e <= 1e-3, "%s: max-abs %g at position %zu", schemes[s], e, at / V);
+        free(g), free(c);
+        kv_cache_free(&ck), kv_cache_free(&gk);
+        model_free(&cm), model_free(&gm);
+    }
+    kernels_set_isa(isa[level]);
 }
 
 Test(cuda, greedy_tokens_match_the_cpu_and_speculation, .timeout = 120) {
@@ -673,6 +786,10 @@ Test(cuda, greedy_tokens_match_the_cpu_and_speculation, .timeout = 120) {
          *f16 = run_text("", "-dev cuda -kv f16 -spec 0", 1, 0),
          *f16spec = run_text("", "-dev cuda -kv f16 -spec 3", 1, 1),
          *q8 = run_text("", "-dev cuda -kv q8 -spec 0", 1, 0), *q8spec = run_text("", "-dev cuda -kv q8 -spec 3", 1, 1),
+         *tbq4 = run_text("", "-dev cuda -kv tbq4 -spec 0", 1, 0),
+         *tbq4spec = run_text("", "-dev cuda -kv tbq4 -spec 3", 1, 1),
+         *tbq2 = run_text("", "-dev cuda -kv tbq2 -spec 0", 1, 0),
+         *tbq2spec = run_text("", "-dev cuda -kv tbq2 -spec 3", 1, 1),
          *cpu_t = run_text("", "-dev cpu -kv f32 -spec 0 -t 0.8 -k 40 -p 0.95 -s 7 --repeat-penalty 1.1", 0, 0),
          *gpu_t = run_text("", "-dev cuda -kv f32 -spec 0 -t 0.8 -k 40 -p 0.95 -s 7 --repeat-penalty 1.1", 1, 0);
     cr_expect_str_eq(gpu, cpu, "GPU greedy text differs from the CPU's");
@@ -681,11 +798,13 @@ Test(cuda, greedy_tokens_match_the_cpu_and_speculation, .timeout = 120) {
     cr_expect_str_eq(nopdl, spec, "GPU without programmatic dependent launch differs from with it");
     cr_expect_str_eq(f16spec, f16, "GPU -kv f16: -spec 3 differs from -spec 0");
     cr_expect_str_eq(q8spec, q8, "GPU -kv q8: -spec 3 differs from -spec 0");
+    cr_expect_str_eq(tbq4spec, tbq4, "GPU -kv tbq4: -spec 3 differs from -spec 0");
+    cr_expect_str_eq(tbq2spec, tbq2, "GPU -kv tbq2: -spec 3 differs from -spec 0");
     /* the same seed draws the same text: the coin falls near a boundary
      * between two tokens' shares (1e-5 wide, to rounding) rarely */
     cr_expect_str_eq(gpu_t, cpu_t, "GPU sampled text (seed 7) differs from the CPU's");
     free(cpu), free(gpu), free(spec), free(plain), free(nopdl), free(f16), free(f16spec), free(q8), free(q8spec);
-    free(cpu_t), free(gpu_t);
+    free(cpu_t), free(gpu_t), free(tbq4), free(tbq4spec), free(tbq2), free(tbq2spec);
 }
 
 #endif

@@ -9,8 +9,11 @@
  * the HBM roofline (weights + cache bytes read per token over the time,
  * against this run's device-to-device copy bandwidth); prefill tok/s of
  * 512 and 4096 tokens from an empty cache, with the GEMMs' TFLOP/s
- * (2 x matmul weights per token); GPU memory used; and each op of a
- * decode step alone, in microseconds, at 0 and 32K positions.
+ * (2 x matmul weights per token); GPU memory used; each op of a
+ * decode step alone, in microseconds, at 0 and 32K positions; and decode
+ * over each KV scheme the GPU takes at 4K, 32K and 128K positions, with
+ * the cache bytes a token reads and the bandwidth that reading reached
+ * (those bytes over the step's time beyond a step at context 0).
  *
  *   build/bench_cuda [--shape 0.6b|8b|all] [--steps N]
  */
@@ -21,6 +24,9 @@
 #include "kernels/cuda.h"
 #include "model/gpu.h"
 
+/* The longest context the scheme table measures. */
+#define LONG_CTX 131072
+
 static Config shape(const char *name) {
     Config c;
     memset(&c, 0, sizeof c);
@@ -30,7 +36,7 @@ static Config shape(const char *name) {
     c.n_kv_heads = 8;
     c.eps = 1e-6;
     c.rope_theta = 1e6;
-    c.max_pos = 40960;
+    c.max_pos = LONG_CTX + 64;
     if (!strcmp(name, "0.6b")) {
         c.hidden = 1024, c.n_layers = 28, c.n_heads = 16, c.ffn = 3072, c.tie_embeddings = 1;
     } else {
@@ -115,6 +121,35 @@ static void gemm_alone(int rows, int cols, int n) {
     printf("GEMM alone, %d tokens x [%d, %d] bf16 (x split in three): %.1f TFLOP/s\n", n, rows, cols,
            2.0 * n * rows * cols / best / 1e12);
     cuda_free(w), cuda_free(x), cuda_free(y);
+}
+
+/* Decode over each scheme's cache at 4K, 32K and 128K positions (one
+ * cache at a time, made for 128K), against f16 at the same context. */
+static void scheme_table(GpuModel *g, int steps, double bw, double wbytes) {
+    static const char *const names[] = {"f16", "q8", "tbq4", "tbq3", "tbq2"};
+    const int ctxs[] = {4096, 32768, LONG_CTX};
+    char err[512];
+    double f16[3] = {0, 0, 0};
+    printf("| KV scheme | cache bytes / position | tok/s at 4K / 32K / 128K | vs f16 at 4K / 32K / 128K "
+           "| roofline at 128K | cache read at 128K, GB/s |\n|---|---|---|---|---|---|\n");
+    for (int s = 0; s < 5; s++) {
+        KVCache kv;
+        KVSpec spec = {kv_find(names[s]), kv_find(names[s]), {0, 0}, {0, 0}};
+        if (gpu_kv_init(g, &kv, &spec, LONG_CTX + 64, 0, err, sizeof err)) die(names[s], err);
+        const double per_pos = (double)kv.dev_bytes / (LONG_CTX + 64); /* K and V, every layer */
+        const double t0 = decode_s(g, &kv, 0, steps, NULL);
+        double t[3];
+        for (int i = 0; i < 3; i++) {
+            t[i] = decode_s(g, &kv, ctxs[i], steps, NULL);
+            if (s == 0) f16[i] = t[i];
+        }
+        const double read = per_pos * LONG_CTX;
+        printf("| %s | %.0f | %.1f / %.1f / %.1f | %.2f / %.2f / %.2f | %.2f | %.0f |\n", names[s], per_pos, 1 / t[0],
+               1 / t[1], 1 / t[2], f16[0] / t[0], f16[1] / t[1], f16[2] / t[2], (wbytes + read) / (bw * 1e9) / t[2],
+               read / (t[2] - t0) / 1e9);
+        fflush(stdout);
+        kv_cache_free(&kv);
+    }
 }
 
 static void bench_shape(const char *name, int steps, double bw) {
@@ -219,6 +254,7 @@ static void bench_shape(const char *name, int steps, double bw) {
     gemm_alone(c.ffn * 2, c.hidden, 4096);
     free(logits);
     kv_cache_free(&kv);
+    scheme_table(g, steps, bw, wbytes);
     gpu_model_free(g);
 }
 
