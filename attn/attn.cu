@@ -1,11 +1,14 @@
-/* attn.cu: causal GQA attention on the GPU over f32, f16 and q8 caches in
- * device memory, read in place: the twin of attn_group_ref (attn/attn.c).
+/* attn.cu: causal GQA attention on the GPU over f32, f16, q8, q4, q4h,
+ * tbq4/3/2 and lm3 caches in device memory, read in place: the twin of
+ * attn_group_ref (attn/attn.c).
  *
  * Data flow: model/gpu.c stores each token's k and v in the layer's caches
- * (cuda_qk_rope_store), then calls cuda_attention for the n new tokens.
+ * (cuda_qk_rope_store, then kv/tbq.cu, kv/q4.cu or kv/lm3.cu for the coded
+ * formats), then calls cuda_attention for the n new tokens.
  *
  *   kc, vc [nkv streams]    cache of one layer: f32 or f16 rows [cap, hd],
- *                           or q8 tiles of 16 positions (kernels/cuda.h)
+ *                           q8 tiles of 16 positions, or the CPU's coded
+ *                           rows (kernels/cuda.h)
  *   q      [n, ldq]         roped queries, heads [nh, hd] first in a row
  *   out    [n, nh, hd]
  *   part   [n, nh, splits, hd] partial sums, then [n, nh, splits, 2] (m, l)
@@ -29,6 +32,15 @@
  * 2, 1, 1 shuffles), which leave position p's score in lanes 2p and
  * 2p + 1. For the values lane l takes its hd / 32 dims of each position
  * pair (the V tile's layout) and weighs each position by p times its scale.
+ *
+ * The coded formats (one row of codes per position: tbq and lm3's
+ * Lloyd-Max indices, q4 and q4h's nibbles) are staged 32 rows at a time
+ * into shared memory by asynchronous copies, a run ahead. Lane k scores
+ * position k on its own (its codes as words in registers, each value
+ * decoded once for every query row: no shuffles), then each lane sums its
+ * hd / 32 dims of every position. Rotated formats (tbq, q4h) rotate the
+ * queries in once per block and the output back once per row, never a
+ * cached row: scores and sums happen in the rotated domain (kv/tbq.cuh).
  */
 #include <math.h>
 #include <string.h>
@@ -96,6 +108,51 @@ __device__ __forceinline__ void q8_scales(const uint8_t *tile, int block, float 
     }
 }
 
+/* Asynchronous 16-byte copies into shared memory (sm_80 and later): a
+ * lane's copies are in once cp_async_wait<n> leaves at most n of its
+ * committed groups pending; a __syncwarp then shows them to the warp. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* A warp's copy of cnt coded rows from position base of a stream into st,
+ * as one group: 32 rows are a whole number of 16-byte words from a
+ * 16-byte boundary (kv/tbq.cuh), and a shorter run's last word stays
+ * inside the stream (its positions are rounded up to 32). */
+template <int VB>
+__device__ __forceinline__ void stage_rows(uint8_t *st, const void *stream, int base, int cnt, int lane) {
+    const uint8_t *src = (const uint8_t *)stream + (size_t)base * VB;
+    for (int e = lane; e < (cnt * VB + 15) / 16; e += 32) cp_async16(st + 16 * e, src + 16 * e);
+    cp_async_commit();
+}
+
+/* A coded block's scale: fp16 (tbq) or fp32 (lm3), its row aligned for it. */
+template <int HB> __device__ __forceinline__ float code_scale(const uint8_t *blk) {
+    if constexpr (HB == 4) return *(const float *)blk;
+    else return f16_f32(*(const uint16_t *)blk);
+}
+
+/* NB bits of a block's codes from bit bit0 (a multiple of NB), read from
+ * shared memory: 16-bit loads where NB is a multiple of 16 (the offsets
+ * are then even), a byte where it is 8, else byte by byte. */
+template <int NB> __device__ __forceinline__ uint32_t tbq_codes_at(const uint8_t *c, int bit0) {
+    if constexpr (NB % 16 == 0) {
+        const uint16_t *p = (const uint16_t *)(c + bit0 / 8);
+        uint32_t v = p[0];
+        if constexpr (NB == 32) v |= (uint32_t)p[1] << 16;
+        return v;
+    } else if constexpr (NB == 8) {
+        return c[bit0 / 8];
+    } else {
+        return tbq_bits_at(c, bit0, NB);
+    }
+}
+
 /* Block (kv head, split, chunk of qb tokens), rows r < R = gqa * tokens:
  * row r is token i0 + r / gqa, query head h * gqa + r % gqa. The split's
  * positions are cut into one run per warp; each warp walks its run 32
@@ -115,19 +172,24 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
      * rows or the sums take the registers */
     constexpr int LOOK = MAXR > AT_SMALL || HD > 128 ? 2 : 4;
     constexpr int VLOOK = MAXR > AT_SMALL && HD > 128 ? 4 : 8; /* value rows likewise */
-    /* tbq: bits per code, bytes per 128-value block and per position, and
-     * each warp's staging of 32 positions (16 bytes over, for the last
-     * row's unaligned word loads) */
-    constexpr int TB = tbq_bits_of(FMT), BB = 2 + 16 * TB, VB = HD / 128 * BB, STW = TB ? 32 * VB + 16 : 0;
-    constexpr int MAIN = MAXR * HD + AT_WARPS * MAXR * 32 + AT_WARPS * STW / 4, MERGE = AT_WARPS * MAXR * HD;
-    constexpr bool ALL = MAXR == AT_SMALL && FMT <= CUDA_KV_F16; /* q8's and tbq's rows cost arithmetic */
+    /* the index formats (tbq, lm3): bits per code, scale bytes, bytes per
+     * 128-value block; q4 and q4h: rows of hd / 32 blocks of 18 bytes. Both
+     * families are staged (STG: each warp's 32 positions' keys and their
+     * values, 16 bytes over for the last row's unaligned word loads), tbq
+     * and q4h attended in a rotated domain (ROT) */
+    constexpr int TB = code_bits_of(FMT), HB = code_hdr_of(FMT), BB = HB + 16 * TB;
+    constexpr bool Q4F = FMT == CUDA_KV_Q4 || FMT == CUDA_KV_Q4H, STG = TB || Q4F;
+    constexpr bool ROT = (TB && FMT != CUDA_KV_LM3) || FMT == CUDA_KV_Q4H;
+    constexpr int VB = Q4F ? HD / 32 * 18 : HD / 128 * BB, STW = STG ? 32 * VB + 16 : 0;
+    constexpr int MAIN = MAXR * HD + AT_WARPS * MAXR * 32 + AT_WARPS * 2 * STW / 4, MERGE = AT_WARPS * MAXR * HD;
+    constexpr bool ALL = MAXR == AT_SMALL && FMT <= CUDA_KV_F16; /* the coded formats' rows cost arithmetic */
     /* the loop's queries, probabilities and staged rows, then the warps'
      * sums to merge */
     __shared__ __align__(16) float sm[MAIN > MERGE ? MAIN : MERGE];
     __shared__ float wm[AT_WARPS][MAXR], wl[AT_WARPS][MAXR];
-    __shared__ float cbs[16]; /* tbq's codebook */
+    __shared__ float cbs[16]; /* the index formats' codebook */
     float *qs = sm, *ps = sm + MAXR * HD;
-    uint8_t *stage = (uint8_t *)(sm + MAXR * HD + AT_WARPS * MAXR * 32) + (threadIdx.x >> 5) * STW;
+    uint8_t *kst = (uint8_t *)(sm + MAXR * HD + AT_WARPS * MAXR * 32) + (threadIdx.x >> 5) * 2 * STW, *vst = kst + STW;
     pdl_wait(); /* the position, the queries and the rows just stored */
     const int h = blockIdx.x, sp = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int hw = lane >> 4, hl = lane & 15;
@@ -153,12 +215,13 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
         for (int e = tid; e < (ALL ? MAXR : R) * HD; e += 32 * AT_WARPS) {
             const int r = e / HD, d = e % HD;
             const float x = r < R ? q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] : 0.0f;
-            qs[e] = TB ? x : x * scale;
+            qs[e] = ROT ? x : x * scale;
         }
         if (TB && tid < 16) cbs[tid] = tab.cb[tid];
         __syncthreads();
-        if constexpr (TB > 0) {
-            /* into the keys' domain, then scaled (kv_to_domain_scaled's order) */
+        if constexpr (ROT) {
+            /* into the keys' domain, then scaled (kv_to_domain_scaled's order;
+             * q4h's rotation has no signs: its table's masks are zero) */
             tbq_rotate_rows(qs, R * HD, tab.s1, tab.s2, tab.hinv);
             for (int e = tid; e < R * HD; e += 32 * AT_WARPS) qs[e] *= scale;
             __syncthreads();
@@ -175,27 +238,78 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
 #pragma unroll
             for (int e = 0; e < DL; e++) acc[r][e] = 0;
         }
+        /* the coded formats stage rows with asynchronous copies, one step
+         * ahead: the first keys now, each run's values before its keys are
+         * scored and the next run's keys before its values are summed */
+        if (STG && wj0 < wj1) stage_rows<VB>(kst, K, wj0, wj1 - wj0 < 32 ? wj1 - wj0 : 32, lane);
         for (int base = wj0; base < wj1; base += 32) {
             const int cnt = wj1 - base < 32 ? wj1 - base : 32;
             float mine[MAXR]; /* this lane's position's score, per row */
 #pragma unroll
             for (int r = 0; r < MAXR; r++) mine[r] = 0;
-            if constexpr (TB > 0) {
-                /* the 32 positions' rows into the warp's staging, then lane k
-                 * scores position k's: its codes as words in registers, each
-                 * value looked up once for all rows */
-                constexpr int NW = 4 * TB; /* code words per block */
-                const uint4 *src = (const uint4 *)((const uint8_t *)K + (size_t)base * VB);
-                for (int e = lane; e < (cnt * VB + 15) / 16; e += 32) ((uint4 *)stage)[e] = src[e];
+            /* tbq and lm3 at head dim 128 (one block): this lane's position's
+             * value scale, which its softmax weight takes (0 past cnt) */
+            float fold = 1.0f;
+            if constexpr (STG) {
+                stage_rows<VB>(vst, V, base, cnt, lane);
+                cp_async_wait<1>(); /* this run's keys are in (its values may not be) */
                 __syncwarp();
+            }
+            if constexpr (Q4F) {
+                /* lane k scores position k: each block's 16 code bytes as
+                 * words in registers, a nibble c made c - 8 exactly as the
+                 * low bits of 2^23 + c, less 2^23 + 8 */
 #pragma unroll
-                for (int b = 0; b < HD / 128; b++) {
-                    const uint8_t *blk = stage + lane * VB + b * BB;
+                for (int b = 0; b < HD / 32; b++) {
+                    const uint8_t *blk = kst + lane * VB + b * 18;
                     const float d = f16_f32(*(const uint16_t *)blk);
-                    /* the code bytes start 2 bytes into the block: aligned
-                     * words and a funnel shift (rows are 2-byte aligned) */
                     const int a = (int)((uintptr_t)(blk + 2) & 3);
                     const uint32_t *w0 = (const uint32_t *)(blk + 2 - a);
+                    uint32_t w[4], prev = w0[0];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const uint32_t nx = w0[i + 1];
+                        w[i] = __funnelshift_r(prev, nx, 8 * a);
+                        prev = nx;
+                    }
+                    float dot[MAXR];
+#pragma unroll
+                    for (int r = 0; r < MAXR; r++) dot[r] = 0;
+#pragma unroll
+                    for (int j = 0; j < 16; j += 4) {
+                        float lo[4], hi[4]; /* values j + e and j + 16 + e */
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            lo[e] = __uint_as_float(0x4B000000u | ((w[j / 4] >> (8 * e)) & 15)) - 8388616.0f;
+                            hi[e] = __uint_as_float(0x4B000000u | ((w[j / 4] >> (8 * e + 4)) & 15)) - 8388616.0f;
+                        }
+#pragma unroll
+                        for (int r = 0; r < MAXR; r++)
+                            if (r < R) {
+                                const float4 qa = *(const float4 *)(qs + r * HD + b * 32 + j);
+                                const float4 qb = *(const float4 *)(qs + r * HD + b * 32 + 16 + j);
+                                dot[r] = fmaf(qa.x, lo[0], dot[r]), dot[r] = fmaf(qa.y, lo[1], dot[r]);
+                                dot[r] = fmaf(qa.z, lo[2], dot[r]), dot[r] = fmaf(qa.w, lo[3], dot[r]);
+                                dot[r] = fmaf(qb.x, hi[0], dot[r]), dot[r] = fmaf(qb.y, hi[1], dot[r]);
+                                dot[r] = fmaf(qb.z, hi[2], dot[r]), dot[r] = fmaf(qb.w, hi[3], dot[r]);
+                            }
+                    }
+#pragma unroll
+                    for (int r = 0; r < MAXR; r++) mine[r] = b ? fmaf(d, dot[r], mine[r]) : d * dot[r];
+                }
+            }
+            if constexpr (TB > 0) {
+                /* lane k scores position k: its codes as words in registers,
+                 * each value looked up once for all rows */
+                constexpr int NW = 4 * TB; /* code words per block */
+#pragma unroll
+                for (int b = 0; b < HD / 128; b++) {
+                    const uint8_t *blk = kst + lane * VB + b * BB;
+                    const float d = code_scale<HB>(blk);
+                    /* the code bytes start HB bytes into the block: aligned
+                     * words and a funnel shift (tbq's rows are 2-byte aligned) */
+                    const int a = (int)((uintptr_t)(blk + HB) & 3);
+                    const uint32_t *w0 = (const uint32_t *)(blk + HB - a);
                     uint32_t w[NW], prev = w0[0];
 #pragma unroll
                     for (int i = 0; i < NW; i++) {
@@ -210,7 +324,8 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                     for (int j = 0; j < 128; j += 4) {
                         float kv[4];
 #pragma unroll
-                        for (int e = 0; e < 4; e++) kv[e] = cbs[tbq_code<TB, NW>(w, j + e)];
+                        for (int e = 0; e < 4; e++)
+                            kv[e] = *(const float *)((const char *)cbs + tbq_code4<TB, NW>(w, j + e));
 #pragma unroll
                         for (int r = 0; r < MAXR; r++)
                             if (r < R) {
@@ -222,6 +337,18 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
 #pragma unroll
                     for (int r = 0; r < MAXR; r++) mine[r] = b ? fmaf(d, dot[r], mine[r]) : d * dot[r];
                 }
+            }
+            if constexpr (STG) {
+                /* the keys are read: the next run's on their way (an empty
+                 * group past the last, so that the count of groups stays
+                 * one step ahead), and this run's values in */
+                __syncwarp();
+                const int nb = base + 32, ncnt = wj1 - nb < 32 ? wj1 - nb : 32;
+                if (ncnt > 0) stage_rows<VB>(kst, K, nb, ncnt, lane);
+                else cp_async_commit();
+                cp_async_wait<1>();
+                __syncwarp();
+                if (TB && HD == 128) fold = lane < cnt ? code_scale<HB>(vst + lane * VB) : 0.0f;
             } else if constexpr (FMT == CUDA_KV_Q8) {
                 /* tile by tile: lane l's quads l (and l + 32) and their blocks' scales */
                 constexpr int QPL = HD / 128;
@@ -327,27 +454,52 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                     m[r] = mnew;
 #pragma unroll
                     for (int e = 0; e < DL; e++) acc[r][e] *= alpha;
-                    ps[(warp * MAXR + r) * 32 + lane] = p;
+                    ps[(warp * MAXR + r) * 32 + lane] = TB && HD == 128 ? __fmul_rn(p, fold) : p;
                 }
             __syncwarp();
-            if constexpr (TB > 0) {
-                /* the value rows staged over the keys; lane l's DL dims of each
-                 * position, weighed by p times its block's scale */
-                const uint4 *src = (const uint4 *)((const uint8_t *)V + (size_t)base * VB);
-                for (int e = lane; e < (cnt * VB + 15) / 16; e += 32) ((uint4 *)stage)[e] = src[e];
-                __syncwarp();
-                const int b = lane * DL / 128, jl = lane * DL % 128;
+            if constexpr (Q4F) {
+                /* lane l's DL dims of each position: in block l DL / 32, the
+                 * low nibbles of DL bytes from (l DL % 32) when that is below
+                 * 16, else their high nibbles from 16 less; weighed by p times
+                 * the block's scale */
+                const int bq = lane * DL / 32, j0 = lane * DL % 32, bo = 2 + (j0 & 15), ns = j0 >= 16 ? 4 : 0;
                 for (int u = 0; u < cnt; u++) {
-                    const uint8_t *blk = stage + u * VB + b * BB;
+                    const uint8_t *blk = vst + u * VB + bq * 18;
                     const float d = f16_f32(*(const uint16_t *)blk);
-                    const uint32_t cw = tbq_bits_at(blk + 2, TB * jl, TB * DL);
+                    const uint16_t *c16 = (const uint16_t *)(blk + bo); /* even: rows and blocks are */
+                    uint32_t cw[DL / 4];
+#pragma unroll
+                    for (int i = 0; i < DL / 4; i++) cw[i] = c16[2 * i] | (uint32_t)c16[2 * i + 1] << 16;
                     float vv[DL];
 #pragma unroll
-                    for (int e = 0; e < DL; e++) vv[e] = cbs[(cw >> (TB * e)) & ((1u << TB) - 1)];
+                    for (int e = 0; e < DL; e++)
+                        vv[e] = __uint_as_float(0x4B000000u | ((cw[e / 4] >> (8 * (e % 4) + ns)) & 15)) - 8388616.0f;
 #pragma unroll
                     for (int r = 0; r < MAXR; r++)
                         if (r < R) {
                             const float w = __fmul_rn(ps[(warp * MAXR + r) * 32 + u], d);
+#pragma unroll
+                            for (int e = 0; e < DL; e++) acc[r][e] = fmaf(w, vv[e], acc[r][e]);
+                        }
+                }
+            } else if constexpr (TB > 0) {
+                /* lane l's DL dims of each position, weighed by p times its
+                 * block's scale (at head dim 128 already in ps) */
+                const int b = lane * DL / 128, jl = lane * DL % 128;
+                for (int u = 0; u < cnt; u++) {
+                    const uint8_t *blk = vst + u * VB + b * BB;
+                    const float d = HD == 128 ? 1.0f : code_scale<HB>(blk);
+                    const uint32_t cw = tbq_codes_at<TB * DL>(blk + HB, TB * jl);
+                    float vv[DL];
+#pragma unroll
+                    for (int e = 0; e < DL; e++)
+                        vv[e] = *(const float *)((const char *)cbs + ((e ? cw >> (TB * e - 2) : cw << 2) &
+                                                                      (((1u << TB) - 1) << 2)));
+#pragma unroll
+                    for (int r = 0; r < MAXR; r++)
+                        if (r < R) {
+                            const float w = HD == 128 ? ps[(warp * MAXR + r) * 32 + u]
+                                                      : __fmul_rn(ps[(warp * MAXR + r) * 32 + u], d);
 #pragma unroll
                             for (int e = 0; e < DL; e++) acc[r][e] = fmaf(w, vv[e], acc[r][e]);
                         }
@@ -435,16 +587,16 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                 }
             const size_t row = (size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa, at = row * splits + sp;
             /* one split: this is the answer */
-            /* tbq's, over warp 0's sums of the same (row, dim), which no
-             * other thread reads: rotated back below */
-            if (TB && splits == 1) wacc[r * HD + d] = num / den;
+            /* a rotated format's, over warp 0's sums of the same (row,
+             * dim), which no other thread reads: rotated back below */
+            if (ROT && splits == 1) wacc[r * HD + d] = num / den;
             else if (splits == 1) out[row * HD + d] = num / den;
             else {
                 pacc[at * HD + d] = num;
                 if (d == 0) pml[2 * at] = M, pml[2 * at + 1] = den;
             }
         }
-        if (TB && splits == 1) {
+        if (ROT && splits == 1) {
             /* back from the values' domain (kv_from_domain_scaled) */
             __syncthreads();
             tbq_rotate_rows(sm, R * HD, tab.s2, tab.s1, tab.hinv);
@@ -501,10 +653,10 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
 #pragma unroll 8
             for (int j = 0; j < splits; j++)
                 if (wsp[j] != 0) num = fmaf(wsp[j], __ldcg(pacc + (at + j) * HD + d), num); /* empty: never written */
-            if (TB) sm[d] = num / den;
+            if (ROT) sm[d] = num / den;
             else out[row * HD + d] = num / den;
         }
-        if (TB) {
+        if (ROT) {
             /* back from the values' domain */
             tbq_rotate_rows(sm, HD, tab.s2, tab.s1, tab.hinv);
             for (int d = tid; d < HD; d += 32 * AT_WARPS) out[row * HD + d] = sm[d];
@@ -541,8 +693,12 @@ static void launch(dim3 g, float *out, float *part, int *count, const float *q, 
                    const void *vc, const int *pos, int n, int nh, int nkv, int cap, float scale, int splits, int qb) {
     TbqTab tab;
     memset(&tab, 0, sizeof tab);
-    if (tbq_bits_of(FMT)) tbq_cuda_tab(tbq_bits_of(FMT), &tab);
-    if (qb * (nh / nkv) <= AT_SMALL)
+    if (code_bits_of(FMT)) tbq_cuda_tab(code_bits_of(FMT), &tab);
+    if (FMT == CUDA_KV_Q4H) tab.hinv = 1.0f / sqrtf(128.0f); /* H / √128, no signs */
+    if (FMT >= CUDA_KV_TBQ2 && qb * (nh / nkv) <= 2)
+        pdl_launch(attn_split_kernel<HD, FMT, 2>, g, dim3(32 * AT_WARPS), out, part, count, q, ldq, kc, vc, pos, n, nh,
+                   nkv, cap, scale, splits, qb, tab);
+    else if (qb * (nh / nkv) <= AT_SMALL)
         pdl_launch(attn_split_kernel<HD, FMT, AT_SMALL>, g, dim3(32 * AT_WARPS), out, part, count, q, ldq, kc, vc, pos,
                    n, nh, nkv, cap, scale, splits, qb, tab);
     else
@@ -563,6 +719,9 @@ extern "C" void cuda_attention(float *d_out, const float *d_q, int ldq, const vo
         case CUDA_KV_TBQ2: launch<128, CUDA_KV_TBQ2>(ARGS); break;
         case CUDA_KV_TBQ3: launch<128, CUDA_KV_TBQ3>(ARGS); break;
         case CUDA_KV_TBQ4: launch<128, CUDA_KV_TBQ4>(ARGS); break;
+        case CUDA_KV_Q4: launch<128, CUDA_KV_Q4>(ARGS); break;
+        case CUDA_KV_Q4H: launch<128, CUDA_KV_Q4H>(ARGS); break;
+        case CUDA_KV_LM3: launch<128, CUDA_KV_LM3>(ARGS); break;
         default: launch<128, CUDA_KV_F32>(ARGS);
         }
     } else {

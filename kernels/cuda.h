@@ -86,14 +86,24 @@ void cuda_embed(float *d_x, const void *d_E, int dtype, const int *d_tokens, int
  * (rmsnorm; y may alias x). */
 void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, const float *d_w, int n, int H, float eps);
 /* The KV caches on the GPU, one stream per (layer, kv head) of cap
- * positions, as on the CPU (kv/f32.c, kv/f16.c, kv/q8.c, kv/tbq_common.h):
+ * positions, as on the CPU (kv/f32.c, kv/f16.c, kv/q8.c, kv/tbq_common.h,
+ * kv/q4.c, kv/q4h.c, kv/lm3.c):
  *   CUDA_KV_F32, CUDA_KV_F16  rows [cap, hd]
  *   CUDA_KV_Q8  tiles of 16 positions, |fp16 scales [hd/32][16]|codes [16 hd]|,
  *               K codes [hd/4][16][4 int8], V codes [8 pairs][hd][2 int8]
  *   CUDA_KV_TBQ2, _TBQ3, _TBQ4  one vector per position, hd / 128 blocks of
  *               |fp16 d|128 codes of b bits|, in the rotated domain; the
- *               positions rounded up to 32 (kv/tbq.cuh) */
-enum { CUDA_KV_F32, CUDA_KV_F16, CUDA_KV_Q8, CUDA_KV_TBQ2, CUDA_KV_TBQ3, CUDA_KV_TBQ4 };
+ *               positions rounded up to 32 (kv/tbq.cuh)
+ *   CUDA_KV_Q4, _Q4H  one row of hd / 32 q4_0 blocks |fp16 d|16 bytes of
+ *               nibbles| per position (q4h in the Hadamard domain), the
+ *               positions rounded up to 32; hd 128 only (the attention's
+ *               staging of 256-wide rows does not fit its shared memory)
+ *   CUDA_KV_LM3  one vector per position, |fp32 r|hd 3-bit codes|, the
+ *               positions rounded up to 32; hd 128 only (the codebook is
+ *               tbq3's at 128 values) */
+enum {
+    CUDA_KV_F32, CUDA_KV_F16, CUDA_KV_Q8, CUDA_KV_TBQ2, CUDA_KV_TBQ3, CUDA_KV_TBQ4, CUDA_KV_Q4, CUDA_KV_Q4H, CUDA_KV_LM3
+};
 /* Bytes of one stream of cap positions. */
 size_t cuda_kv_stream_bytes(int fmt, int hd, int cap);
 /* Per token i < n at position pos + i (pos read from d_pos): every query
@@ -103,8 +113,9 @@ size_t cuda_kv_stream_bytes(int fmt, int hd, int cap);
  * then stored at slot pos + i of the caches kc, vc [nkv streams] in format
  * fmt (f16 rounded to nearest even; q8 blocks as kv/q8.c's append, byte
  * for byte). Token i's rows of q, k and v start i * ld floats after their
- * first (one q|k|v matmul's output). A tbq cache is not stored here: the
- * roped keys are written back over k, for cuda_tbq_store. */
+ * first (one q|k|v matmul's output). A tbq, q4, q4h or lm3 cache is not
+ * stored here: the roped keys are written back over k, for its store
+ * (cuda_tbq_store, cuda_q4_store, cuda_lm3_store). */
 void cuda_qk_rope_store(float *d_q, float *d_k, const float *d_v, int ld, const float *d_qn,
                         const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc, int fmt,
                         const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap, float eps);
@@ -114,6 +125,14 @@ void cuda_qk_rope_store(float *d_q, float *d_k, const float *d_v, int ld, const 
  * streams] of format fmt, byte for byte as tbq_append codes them. */
 void cuda_tbq_store(const float *d_k, const float *d_v, int ld, void *d_kc, void *d_vc, int fmt, const int *d_pos,
                     int n, int nkv, int hd, int cap);
+/* ---- kv/q4.cu: twin of the q4 and q4h appends ---- */
+/* The same for q4_0 caches of format fmt (CUDA_KV_Q4, CUDA_KV_Q4H), byte
+ * for byte as kv/q4.c and kv/q4h.c code them. */
+void cuda_q4_store(const float *d_k, const float *d_v, int ld, void *d_kc, void *d_vc, int fmt, const int *d_pos,
+                   int n, int nkv, int hd, int cap);
+/* ---- kv/lm3.cu: twin of lm3's append ---- */
+void cuda_lm3_store(const float *d_k, const float *d_v, int ld, void *d_kc, void *d_vc, const int *d_pos, int n,
+                    int nkv, int hd, int cap);
 
 /* out [n, I] = silu(gate) * up for gu [n, 2I] holding gate i and up i at
  * 2i and 2i + 1, the output of the gate|up matmul over interleaved rows
@@ -145,7 +164,7 @@ void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int r
 void cuda_matvec(float *d_y, const float *d_x, int xmode, const float *d_nw, float eps, const void *d_W, int dtype,
                  int rows, int cols, int n, int pair, int add);
 
-/* ---- attn/attn.cu: twin of attn_group_ref over f32, f16, q8 and tbq caches ---- */
+/* ---- attn/attn.cu: twin of attn_group_ref over every cache above ---- */
 /* Causal attention of n tokens at positions pos .. pos + n - 1 (pos from
  * d_pos) over the caches kc, vc [nkv streams] of one layer in format fmt, holding
  * positions 0 .. pos + n - 1: out [n, nh, hd] from q [n, nh, hd] (query

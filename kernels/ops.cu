@@ -102,7 +102,7 @@ __global__ void qk_rope_store_kernel(float *q, float *k, const float *v, int ld,
         y = t < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
     }
     if (is_q || fmt >= CUDA_KV_TBQ2) {
-        /* queries, and keys a tbq store (kv/tbq.cu) codes next, in place */
+        /* queries, and keys a coded store (kv/tbq.cu, kv/q4.cu, kv/lm3.cu) codes next, in place */
         (is_q ? q : k)[(size_t)i * ld + (size_t)(is_q ? h : kh) * hd + t] = y;
         return;
     }

@@ -94,7 +94,7 @@ __global__ void tbq_store_kernel(const float *k, const float *v, int ld, uint8_t
 
 extern "C" void cuda_tbq_store(const float *d_k, const float *d_v, int ld, void *d_kc, void *d_vc, int fmt,
                                const int *d_pos, int n, int nkv, int hd, int cap) {
-    const int bits = tbq_bits_of(fmt);
+    const int bits = code_bits_of(fmt);
     TbqTab tab;
     tbq_cuda_tab(bits, &tab);
     const dim3 g(n, nkv, 2), blk(hd);

@@ -1,7 +1,9 @@
 /* tbq.cuh: what the GPU side of tbq2/3/4 shares between its append
  * (kv/tbq.cu) and attention (attn/attn.cu): the codebook and sign tables,
  * the signed Hadamard rotation of rows held in shared memory, and the
- * unpacking of a block's codes from registers.
+ * unpacking of a block's codes from registers. lm3 (kv/lm3.cu) stores the
+ * same 3-bit codes of one 128-value vector, unrotated, behind an fp32
+ * norm; q4h (kv/q4.cu) rotates with the unsigned transform.
  *
  * Data flow: model/gpu.c stores each token's k and v through
  * cuda_tbq_store (rotate, normalise, code: the twin of tbq_append), and
@@ -37,10 +39,12 @@ typedef struct {
  * kv/hadamard.c, so that both devices use one table). */
 void tbq_cuda_tab(int bits, TbqTab *t);
 
-/* Bits per code of a tbq format, 0 for the others. */
-static __host__ __device__ constexpr int tbq_bits_of(int fmt) {
-    return fmt >= CUDA_KV_TBQ2 && fmt <= CUDA_KV_TBQ4 ? fmt - CUDA_KV_TBQ2 + 2 : 0;
+/* Bits per code of a Lloyd-Max index format (tbq2/3/4, lm3), 0 for the
+ * others; and the bytes of its scale before each 128 codes. */
+static __host__ __device__ constexpr int code_bits_of(int fmt) {
+    return fmt >= CUDA_KV_TBQ2 && fmt <= CUDA_KV_TBQ4 ? fmt - CUDA_KV_TBQ2 + 2 : fmt == CUDA_KV_LM3 ? 3 : 0;
 }
+static __host__ __device__ constexpr int code_hdr_of(int fmt) { return fmt == CUDA_KV_LM3 ? 4 : 2; }
 
 /* x = ±x by bit i of a 128-entry sign mask: a flip of the sign bit, which
  * is what the CPU's product by -1.0f gives (zeros included). */
@@ -73,12 +77,15 @@ __device__ __forceinline__ void tbq_rotate_rows(float *x, int count, const uint3
 }
 
 /* Code j (a compile-time constant once unrolled) of a block whose code
- * bytes are the little-endian words w: bits [B j, B j + B). */
-template <int B, int NW> __device__ __forceinline__ int tbq_code(const uint32_t (&w)[NW], int j) {
+ * bytes are the little-endian words w, bits [B j, B j + B), times 4: its
+ * byte offset in a table of floats (one shift and one mask, the multiply
+ * folded into the shift). */
+template <int B, int NW> __device__ __forceinline__ int tbq_code4(const uint32_t (&w)[NW], int j) {
     const int bit = B * j, wi = bit >> 5, sh = bit & 31;
-    uint32_t v = w[wi] >> sh;
-    if (sh + B > 32) v |= w[wi + 1] << (32 - sh);
-    return (int)(v & ((1u << B) - 1));
+    const uint32_t v = sh + B > 32 ? __funnelshift_r(w[wi], w[wi + 1], sh) << 2
+                       : sh >= 2   ? w[wi] >> (sh - 2)
+                                   : w[wi] << (2 - sh);
+    return (int)(v & (((1u << B) - 1) << 2));
 }
 
 /* nb bits from bit bit0 of the bytes at p (shared memory, any alignment),

@@ -46,6 +46,43 @@
  * (1 .. 256), so that a short context is not cut into empty splits. */
 #define GPU_SPLIT_KINDS 9
 
+/* The schemes with a CUDA cache, in kernels/cuda.h's order of formats. */
+static const char *const gpu_schemes[] = {"f32", "f16", "q8", "tbq2", "tbq3", "tbq4", "q4", "q4h", "lm3"};
+
+/* A scheme's CUDA_KV_* format, -1 for one the GPU does not take. */
+static int gpu_kv_fmt(const char *name) {
+    for (int i = 0; i < (int)(sizeof gpu_schemes / sizeof *gpu_schemes); i++)
+        if (!strcmp(name, gpu_schemes[i])) return i;
+    return -1;
+}
+
+int gpu_supports_kv(const KVSpec *spec, char *err, size_t errlen) {
+    const char *names[2] = {spec->k->name, spec->v->name};
+    for (int i = 0; i < 2; i++)
+        if (gpu_kv_fmt(names[i]) < 0) {
+            snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32, f16, q8, q4, q4h, tbq4, tbq3, "
+                     "tbq2 and lm3 do; use -dev cpu)", names[i]);
+            return -1;
+        }
+    if (spec->k != spec->v) {
+        snprintf(err, errlen, "-dev cuda: K and V in different schemes (%s/%s): the CUDA cache takes one", names[0],
+                 names[1]);
+        return -1;
+    }
+    return 0;
+}
+
+/* What gpu_supports_kv allows that a head dim rules out (kernels/cuda.h). */
+static int gpu_supports_kv_dim(const KVSpec *spec, int head_dim, char *err, size_t errlen) {
+    const int fmt = gpu_kv_fmt(spec->k->name);
+    if (fmt >= CUDA_KV_Q4 && head_dim != 128) {
+        snprintf(err, errlen, "-dev cuda: KV scheme %s takes head_dim 128 on the GPU (found %d; use -dev cpu)",
+                 spec->k->name, head_dim);
+        return -1;
+    }
+    return 0;
+}
+
 int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen) {
     if (c->n_gdn) {
         snprintf(err, errlen, "-dev cuda: the Gated DeltaNet layers of Qwen3.5/3.6 have no CUDA kernels yet "
@@ -71,33 +108,8 @@ int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen) 
                  "multiples of 8", c->hidden, c->ffn);
         return -1;
     }
-    return spec ? gpu_supports_kv(spec, err, errlen) : 0;
-}
-
-/* The schemes with a CUDA cache, in kernels/cuda.h's order of formats. */
-static const char *const gpu_schemes[] = {"f32", "f16", "q8", "tbq2", "tbq3", "tbq4"};
-
-/* A scheme's CUDA_KV_* format, -1 for one the GPU does not take. */
-static int gpu_kv_fmt(const char *name) {
-    for (int i = 0; i < (int)(sizeof gpu_schemes / sizeof *gpu_schemes); i++)
-        if (!strcmp(name, gpu_schemes[i])) return i;
-    return -1;
-}
-
-int gpu_supports_kv(const KVSpec *spec, char *err, size_t errlen) {
-    const char *names[2] = {spec->k->name, spec->v->name};
-    for (int i = 0; i < 2; i++)
-        if (gpu_kv_fmt(names[i]) < 0) {
-            snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32, f16, q8, tbq4, tbq3 and tbq2 "
-                     "do; use -dev cpu)", names[i]);
-            return -1;
-        }
-    if (spec->k != spec->v) {
-        snprintf(err, errlen, "-dev cuda: K and V in different schemes (%s/%s): the CUDA cache takes one", names[0],
-                 names[1]);
-        return -1;
-    }
-    return 0;
+    if (!spec) return 0;
+    return gpu_supports_kv(spec, err, errlen) ? -1 : gpu_supports_kv_dim(spec, c->head_dim, err, errlen);
 }
 
 #ifdef USE_CUDA
@@ -142,7 +154,7 @@ struct GpuModel {
 /* The device side of a KVCache (kv->dev). */
 typedef struct {
     GpuModel *g;
-    int fmt, layers, cap; /* fmt: CUDA_KV_F32, _F16, _Q8 or _TBQ2..4 */
+    int fmt, layers, cap; /* fmt: CUDA_KV_* (kernels/cuda.h) */
     char *k, *v;          /* [layers, nkv streams] each (kernels/cuda.h) */
     size_t layer_bytes;
     void *graph[GPU_GRAPH_MAX + 1][GPU_SPLIT_KINDS]; /* by token count and splits, captured on first use */
@@ -517,6 +529,16 @@ static void mm(float *y, const float *x, const DevW *w, int n, int add) {
     cuda_matmul(y, x, w->d, w->dtype, w->rows, w->cols, n, add);
 }
 
+/* The coded caches' store of n tokens' keys k (roped in place by
+ * cuda_qk_rope_store, which stores the other formats itself) and values
+ * k + nkv hd, rows ld floats apart, into the layer's caches kc, vc. */
+static void kv_store(const float *k, int ld, char *kc, char *vc, const GpuKV *d, int n, int nkv, int hd) {
+    const int *pos = d->g->pos;
+    if (d->fmt == CUDA_KV_LM3) cuda_lm3_store(k, k + nkv * hd, ld, kc, vc, pos, n, nkv, hd, d->cap);
+    else if (d->fmt >= CUDA_KV_Q4) cuda_q4_store(k, k + nkv * hd, ld, kc, vc, d->fmt, pos, n, nkv, hd, d->cap);
+    else if (d->fmt >= CUDA_KV_TBQ2) cuda_tbq_store(k, k + nkv * hd, ld, kc, vc, d->fmt, pos, n, nkv, hd, d->cap);
+}
+
 /* One decoder layer on n tokens of g->x, its K and V into cache layer cl. */
 static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, int splits) {
     const Config *c = &g->cfg;
@@ -533,8 +555,7 @@ static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, i
     }
     cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn, kc, vc,
                        d->fmt, g->pos, n, nh, nkv, hd, c->rot_dim, d->cap, eps);
-    if (d->fmt >= CUDA_KV_TBQ2)
-        cuda_tbq_store(g->qkv + qd, g->qkv + qd + nkv * hd, ld, kc, vc, d->fmt, g->pos, n, nkv, hd, d->cap);
+    kv_store(g->qkv + qd, ld, kc, vc, d, n, nkv, hd);
     cuda_attention(g->att, g->qkv, ld, kc, vc, d->fmt, g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd),
                    g->part, g->count, splits);
     mm(g->x, g->att, &L->wo, n, 1);
@@ -636,9 +657,7 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
             case 1:
                 cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn,
                                    d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
-                if (d->fmt >= CUDA_KV_TBQ2)
-                    cuda_tbq_store(g->qkv + qd, g->qkv + qd + nkv * hd, ld, d->k, d->v, d->fmt, g->pos, 1, nkv, hd,
-                                   d->cap);
+                kv_store(g->qkv + qd, ld, d->k, d->v, d, 1, nkv, hd);
                 break;
             case 2:
                 cuda_attention(g->att, g->qkv, ld, d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, d->cap,

@@ -126,13 +126,13 @@ static void gemm_alone(int rows, int cols, int n) {
 /* Decode over each scheme's cache at 4K, 32K and 128K positions (one
  * cache at a time, made for 128K), against f16 at the same context. */
 static void scheme_table(GpuModel *g, int steps, double bw, double wbytes) {
-    static const char *const names[] = {"f16", "q8", "tbq4", "tbq3", "tbq2"};
+    static const char *const names[] = {"f16", "q8", "q4", "q4h", "tbq4", "tbq3", "lm3", "tbq2"};
     const int ctxs[] = {4096, 32768, LONG_CTX};
     char err[512];
     double f16[3] = {0, 0, 0};
     printf("| KV scheme | cache bytes / position | tok/s at 4K / 32K / 128K | vs f16 at 4K / 32K / 128K "
            "| roofline at 128K | cache read at 128K, GB/s |\n|---|---|---|---|---|---|\n");
-    for (int s = 0; s < 5; s++) {
+    for (int s = 0; s < 8; s++) {
         KVCache kv;
         KVSpec spec = {kv_find(names[s]), kv_find(names[s]), {0, 0}, {0, 0}};
         if (gpu_kv_init(g, &kv, &spec, LONG_CTX + 64, 0, err, sizeof err)) die(names[s], err);

@@ -30,7 +30,7 @@ if ! "$BUILD/run" --version > /dev/null 2>&1 || ! "$BUILD/test_plain" --list > /
 fi
 log "$("$BUILD/run" --version)"
 
-RUN_BIN=$BUILD/run timeout 240 "$BUILD/test_plain" --verbose > "$OUT/tests.txt" 2>&1
+RUN_BIN=$BUILD/run timeout 150 "$BUILD/test_plain" --verbose > "$OUT/tests.txt" 2>&1
 rc=$?
 log "tests: $(grep Synthesis "$OUT/tests.txt") (exit $rc)"
 grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary.txt"
@@ -47,8 +47,8 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
     echo "== -dev cuda -kv q8, greedy, -spec 0 and 3; sampled (seed 7) on both devices"
     for s in 0 3; do timeout 60 "$BUILD/run" -dev cuda -kv q8 -t 0 -n 64 -spec $s -i "And God said"; done
     for dev in cpu cuda; do timeout 60 "$BUILD/run" -dev $dev -kv f32 -t 0.8 -k 40 -p 0.95 -s 7 -n 64 -i "And God said"; done
-    echo "== tbq4 and tbq2, greedy, cpu then cuda -spec 0 and 3; ppl cpu then cuda"
-    for kv in tbq4 tbq2; do
+    echo "== tbq4 and q4h, greedy, cpu then cuda -spec 0 and 3; ppl cpu then cuda"
+    for kv in tbq4 q4h; do
         timeout 60 "$BUILD/run" -dev cpu -kv $kv -t 0 -n 64 -spec 0 -i "And God said"
         for s in 0 3; do timeout 60 "$BUILD/run" -dev cuda -kv $kv -t 0 -n 64 -spec $s -i "And God said"; done
         for dev in cpu cuda; do
@@ -64,7 +64,7 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
 speeds=$(grep 'device=' "$OUT/cli.txt" | sed 's/.*\(decode_tps=[0-9.]*\).*\(device=[a-z]*\).*/\1 \2/' | tr '\n' ';')
 log "cli: $(grep -c '^stats:' "$OUT/cli.txt") stats lines; $speeds"
 
-timeout 200 "$BUILD/bench_cuda" > "$OUT/bench.txt" 2>&1
+timeout 150 "$BUILD/bench_cuda" > "$OUT/bench.txt" 2>&1
 log "bench: exit $?"
 cat "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
 exit $rc
