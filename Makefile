@@ -197,7 +197,7 @@ $(BUILD)/bench_serve: $(BUILD)/tools/bench_serve.o
 $(BUILD)/bench_cuda: $(BUILD)/tools/bench_cuda.o $(BUILD)/librun.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-# The CUDA path's speed (tools/bench_cuda.c; needs a GPU, about a minute).
+# The CUDA path's speed (tools/bench_cuda.c; needs a GPU, about two minutes).
 bench-cuda: $(BUILD)/bench_cuda
 	$(BUILD)/bench_cuda
 

@@ -281,10 +281,10 @@ Test(usage, device_option) {
     static const struct {
         const char *args, *says;
     } refused[] = {
-        {"-dev cuda -kv tbq4 -n 1", "KV scheme tbq4 has no CUDA kernel yet"},
+        {"-dev cuda -kv polar4 -n 1", "KV scheme polar4 has no CUDA kernel yet"},
         {"-dev cuda -ctk f16 -ctv f32 -n 1", "K and V in different schemes (f16/f32)"},
         {"-dev cuda -m kvstats -i x", "-m kvstats runs on the CPU only"},
-        {"-dev cuda -m compare -kv f16,tbq4 -i x", "KV scheme tbq4 has no CUDA kernel yet"},
+        {"-dev cuda -m compare -kv f16,kivi2 -i x", "KV scheme kivi2 has no CUDA kernel yet"},
         {"-dev cuda -wq q8 -n 1", "-wq q8 has no CUDA kernel yet"},
         {"-dev cuda -act bf16 -n 1", "-act bf16 is the CPU's"},
     };
