@@ -1585,7 +1585,12 @@ static int choose_device(const Run *r, char *err, size_t errlen) {
     char why[600] = "";
     CudaInfo info;
     if (!cuda_built() || !cuda_device_count()) cuda_open(&info, why, sizeof why);
-    else if (!gpu_refuses_options(r, why, sizeof why)) gpu_supports(&r->cfg, &r->spec, why, sizeof why);
+    else if (!gpu_refuses_options(r, why, sizeof why)) {
+        /* compare: every scheme it lists, against this config (a head dim
+         * rules some out) */
+        const int n = !strcmp(r->a.mode, "compare") ? r->n_specs : 1;
+        for (int i = 0; i < n && !why[0]; i++) gpu_supports(&r->cfg, n > 1 ? &r->specs[i] : &r->spec, why, sizeof why);
+    }
     if (!why[0]) return 1;
     if (!dev_is_cuda(r)) return 0;
     snprintf(err, errlen, "%s", why);

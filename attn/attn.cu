@@ -16,7 +16,8 @@
  * Split-K flash-decoding (Dao et al., "Flash-Decoding for long-context
  * inference", 2023): block (kv head, split, chunk of tokens) serves every
  * query row of its kv head for up to 16 / gqa tokens (8 / gqa at head dim
- * 256; a decode step's gqa rows take a variant sized for 4), so each
+ * 256; a decode step's gqa rows take a variant sized for 4, or for 2 over
+ * a coded cache), so each
  * cached row is loaded once per block and used by all of them. The last
  * split to finish merges them (below), where a split with no position has
  * m = -inf, l = 0 and adds nothing.
@@ -159,8 +160,9 @@ template <int NB> __device__ __forceinline__ uint32_t tbq_codes_at(const uint8_t
  * positions at a time with its own online softmax (no block barrier in
  * the loop): a half-warp scores one key row at a time (each lane 1/16 of
  * it, partial sums meeting by shuffles, lane k keeping position k's
- * score), then the warp sums value rows (each lane 1/32 of the dims).
- * At the end the warps' (m, l, acc) merge into the split's. */
+ * score; over a coded cache lane k scores position k alone), then the
+ * warp sums value rows (each lane 1/32 of the dims). At the end the
+ * warps' (m, l, acc) merge into the split's. */
 template <int HD, int FMT, int MAXR>
 __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, float *part, int *count, const float *q,
                                                                    int ldq, const void *kc, const void *vc,

@@ -96,7 +96,7 @@ int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs
         r->weights = i && m != ref ? m_weights : "stored";
         /* bits from what the streams really hold at this context (KIVI's
          * float window weighs more in a short one); a GPU cache's schemes
-         * (f32, f16, q8) hold their nominal bits */
+         * (no window there) hold their nominal bits */
         if (kv[i].dev) {
             r->k_bits = specs[i].k->bits(d, &specs[i].ko), r->v_bits = specs[i].v->bits(d, &specs[i].vo);
         } else {

@@ -2,7 +2,8 @@
  * scale and 32 four-bit codes each.
  *
  * Data flow: kv_stream_append quantizes one K or V vector into d/32 blocks;
- * attention scores and sums straight from the nibbles (q4_score, q4_accum),
+ * attention scores and sums straight from the nibbles (q4_kv_score,
+ * q4_kv_accum, kv/q4.h: q4h shares them),
  * never widening a cached vector into a float buffer: AVX-512 tiles
  * (kv/tile512.h) where the CPU has them, else AVX2 or plain C below (plain
  * C on other CPUs than x86-64).
@@ -18,7 +19,7 @@
  */
 #include "kernels/half.h"
 #include "kernels/matmul.h"
-#include "kv/kv.h"
+#include "kv/q4.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -175,23 +176,23 @@ TILE512 void block512(const KVStream *s, int t, int j, __m512 *lo, __m512 *hi) {
 
 TILE512_KERNELS(block512, row_bytes(s))
 
-static void q4_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (kernels_level() >= 2) score512(s, q, nq, t0, t1, out, ldo);
     else if (kernels_level() > 0) score_avx2(s, q, nq, t0, t1, out, ldo);
     else score_c(s, q, nq, t0, t1, out, ldo);
 }
 
-static void q4_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+void q4_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     if (kernels_level() >= 2 && s->d % 128 == 0) accum512(s, p, ldp, nq, t0, t1, acc);
     else if (kernels_level() > 0) accum_avx2(s, p, ldp, nq, t0, t1, acc);
     else accum_c(s, p, ldp, nq, t0, t1, acc);
 }
 #else
-static void q4_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     score_c(s, q, nq, t0, t1, out, ldo);
 }
 
-static void q4_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+void q4_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     accum_c(s, p, ldp, nq, t0, t1, acc);
 }
 #endif /* __x86_64__ */
@@ -203,5 +204,5 @@ const KVScheme kv_q4 = {
     .name = "q4", .desc = "llama.cpp q4_0: fp16 scale + 32 nibbles (4.5 bits)",
     .bits = q4_bits, .check = q4_check, .init = q4_init, .free = q4_free,
     .append = q4_append, .truncate = q4_truncate, .dequant = q4_dequant,
-    .score = q4_score, .accum = q4_accum, .bytes = q4_bytes, .span = q4_span,
+    .score = q4_kv_score, .accum = q4_kv_accum, .bytes = q4_bytes, .span = q4_span,
 };

@@ -4,17 +4,21 @@
  * Data flow: append rotates each 128-value block by H/√n (no sign vectors;
  * n = d for d = 32, 64), then quantizes the rotation in q4_0 blocks of 32;
  * attention rotates the query and the output once (H/√n is its own inverse)
- * and scores / sums the nibbles in place (kv/lowbit.h kernels).
+ * and scores / sums the nibbles in place with q4's kernels (kv/q4.h: the
+ * rows are the same blocks).
  *
  *   q4_0 block: | fp16 d | qs[16]: value j low nibble of qs[j], j+16 high |   18 B per 32, 4.5 bits
  *   d = (the signed value of max |x|) / -8, q = min(15, (int8)(x/d + 8.5)), x̂ = (q - 8) · d
  *
  * The block code is written out here (spec kv_schemes.md, rows q4 and q4h)
- * rather than shared with kv/q4.c, so the two schemes stay independent.
+ * rather than shared with kv/q4.c, so that each append reads on its own;
+ * the read kernels are shared (kv/lowbit.c's generic q4_0 path took 1.6x
+ * q4's time at 16K: docs/speed.md).
  */
 #include "kernels/half.h"
 #include "kv/hadamard.h"
 #include "kv/lowbit.h"
+#include "kv/q4.h"
 
 #include <math.h>
 #include <string.h>
@@ -64,5 +68,5 @@ const KVScheme kv_q4h = {
     .bits = q4h_bits, .check = q4h_check, .init = q4h_init, .free = lb_kv_free,
     .append = q4h_append, .truncate = lb_kv_truncate, .dequant = lb_kv_dequant,
     .to_domain = q4h_domain, .from_domain = q4h_domain,
-    .score = lb_kv_score, .accum = lb_kv_accum, .bytes = lb_kv_bytes, .span = lb_kv_span,
+    .score = q4_kv_score, .accum = q4_kv_accum, .bytes = lb_kv_bytes, .span = lb_kv_span,
 };

@@ -55,10 +55,12 @@ __device__ __forceinline__ float tbq_sign(const uint32_t *m, int i, float x) {
 /* rows x [rows, hd] in shared memory, every 128 values a block, rotated in
  * place by the whole thread block: y = post ⊙ H(pre ⊙ x) / √128, the
  * Sylvester butterflies in had_fwht's pairs (a + b, a - b) stage by stage,
- * so the bits are the CPU's (kv/hadamard.c). Every thread must call it. */
+ * so the bits are the CPU's (kv/hadamard.c). Every thread must call it;
+ * it waits for what any of them wrote to x before. */
 __device__ __forceinline__ void tbq_rotate_rows(float *x, int count, const uint32_t *pre, const uint32_t *post,
                                                 float hinv) {
     const int tid = threadIdx.x, nt = blockDim.x;
+    __syncthreads();
     for (int e = tid; e < count; e += nt) x[e] = tbq_sign(pre, e & 127, x[e]);
     __syncthreads();
     for (int h = 1; h < 128; h *= 2) {
