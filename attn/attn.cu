@@ -132,6 +132,21 @@ __device__ __forceinline__ void stage_rows(uint8_t *st, const void *stream, int 
     cp_async_commit();
 }
 
+/* NW little-endian words of code bytes from c (shared memory, 2-byte
+ * aligned: coded rows are): aligned loads and a funnel shift, reading up
+ * to 4 bytes past the last word (the staging's pad covers the last row). */
+template <int NW> __device__ __forceinline__ void code_words(const uint8_t *c, uint32_t (&w)[NW]) {
+    const int a = (int)((uintptr_t)c & 3);
+    const uint32_t *w0 = (const uint32_t *)(c - a);
+    uint32_t prev = w0[0];
+#pragma unroll
+    for (int i = 0; i < NW; i++) {
+        const uint32_t nx = w0[i + 1];
+        w[i] = __funnelshift_r(prev, nx, 8 * a);
+        prev = nx;
+    }
+}
+
 /* A coded block's scale: fp16 (tbq) or fp32 (lm3), its row aligned for it. */
 template <int HB> __device__ __forceinline__ float code_scale(const uint8_t *blk) {
     if constexpr (HB == 4) return *(const float *)blk;
@@ -265,15 +280,8 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                 for (int b = 0; b < HD / 32; b++) {
                     const uint8_t *blk = kst + lane * VB + b * 18;
                     const float d = f16_f32(*(const uint16_t *)blk);
-                    const int a = (int)((uintptr_t)(blk + 2) & 3);
-                    const uint32_t *w0 = (const uint32_t *)(blk + 2 - a);
-                    uint32_t w[4], prev = w0[0];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const uint32_t nx = w0[i + 1];
-                        w[i] = __funnelshift_r(prev, nx, 8 * a);
-                        prev = nx;
-                    }
+                    uint32_t w[4];
+                    code_words(blk + 2, w);
                     float dot[MAXR];
 #pragma unroll
                     for (int r = 0; r < MAXR; r++) dot[r] = 0;
@@ -308,17 +316,8 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                 for (int b = 0; b < HD / 128; b++) {
                     const uint8_t *blk = kst + lane * VB + b * BB;
                     const float d = code_scale<HB>(blk);
-                    /* the code bytes start HB bytes into the block: aligned
-                     * words and a funnel shift (tbq's rows are 2-byte aligned) */
-                    const int a = (int)((uintptr_t)(blk + HB) & 3);
-                    const uint32_t *w0 = (const uint32_t *)(blk + HB - a);
-                    uint32_t w[NW], prev = w0[0];
-#pragma unroll
-                    for (int i = 0; i < NW; i++) {
-                        const uint32_t nx = w0[i + 1];
-                        w[i] = __funnelshift_r(prev, nx, 8 * a);
-                        prev = nx;
-                    }
+                    uint32_t w[NW];
+                    code_words(blk + HB, w);
                     float dot[MAXR];
 #pragma unroll
                     for (int r = 0; r < MAXR; r++) dot[r] = 0;
@@ -708,34 +707,33 @@ static void launch(dim3 g, float *out, float *part, int *count, const float *q, 
                    pos, n, nh, nkv, cap, scale, splits, qb, tab);
 }
 
+/* launch for the format: q4, q4h and lm3 at head dim 128 only
+ * (kernels/cuda.h; model/gpu.c refuses them elsewhere). */
+template <int HD, typename... A> static void launch_fmt(int fmt, A... a) {
+    switch (fmt) {
+    case CUDA_KV_F16: launch<HD, CUDA_KV_F16>(a...); break;
+    case CUDA_KV_Q8: launch<HD, CUDA_KV_Q8>(a...); break;
+    case CUDA_KV_TBQ2: launch<HD, CUDA_KV_TBQ2>(a...); break;
+    case CUDA_KV_TBQ3: launch<HD, CUDA_KV_TBQ3>(a...); break;
+    case CUDA_KV_TBQ4: launch<HD, CUDA_KV_TBQ4>(a...); break;
+    default:
+        if constexpr (HD == 128) {
+            if (fmt == CUDA_KV_Q4) return launch<HD, CUDA_KV_Q4>(a...);
+            if (fmt == CUDA_KV_Q4H) return launch<HD, CUDA_KV_Q4H>(a...);
+            if (fmt == CUDA_KV_LM3) return launch<HD, CUDA_KV_LM3>(a...);
+        }
+        launch<HD, CUDA_KV_F32>(a...);
+    }
+}
+
 extern "C" void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int fmt,
                                const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
                                int *d_count, int splits) {
     const int qb = tokens_per_block(n, nh, nkv, hd);
     const dim3 g(nkv, splits, (n + qb - 1) / qb);
 #define ARGS g, d_out, d_part, d_count, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb
-    if (hd == 128) {
-        switch (fmt) {
-        case CUDA_KV_F16: launch<128, CUDA_KV_F16>(ARGS); break;
-        case CUDA_KV_Q8: launch<128, CUDA_KV_Q8>(ARGS); break;
-        case CUDA_KV_TBQ2: launch<128, CUDA_KV_TBQ2>(ARGS); break;
-        case CUDA_KV_TBQ3: launch<128, CUDA_KV_TBQ3>(ARGS); break;
-        case CUDA_KV_TBQ4: launch<128, CUDA_KV_TBQ4>(ARGS); break;
-        case CUDA_KV_Q4: launch<128, CUDA_KV_Q4>(ARGS); break;
-        case CUDA_KV_Q4H: launch<128, CUDA_KV_Q4H>(ARGS); break;
-        case CUDA_KV_LM3: launch<128, CUDA_KV_LM3>(ARGS); break;
-        default: launch<128, CUDA_KV_F32>(ARGS);
-        }
-    } else {
-        switch (fmt) {
-        case CUDA_KV_F16: launch<256, CUDA_KV_F16>(ARGS); break;
-        case CUDA_KV_Q8: launch<256, CUDA_KV_Q8>(ARGS); break;
-        case CUDA_KV_TBQ2: launch<256, CUDA_KV_TBQ2>(ARGS); break;
-        case CUDA_KV_TBQ3: launch<256, CUDA_KV_TBQ3>(ARGS); break;
-        case CUDA_KV_TBQ4: launch<256, CUDA_KV_TBQ4>(ARGS); break;
-        default: launch<256, CUDA_KV_F32>(ARGS);
-        }
-    }
+    if (hd == 128) launch_fmt<128>(fmt, ARGS);
+    else launch_fmt<256>(fmt, ARGS);
 #undef ARGS
     cuda_note("attention");
 }

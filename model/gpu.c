@@ -49,8 +49,7 @@
 /* The schemes with a CUDA cache, in kernels/cuda.h's order of formats. */
 static const char *const gpu_schemes[] = {"f32", "f16", "q8", "tbq2", "tbq3", "tbq4", "q4", "q4h", "lm3"};
 
-/* A scheme's CUDA_KV_* format, -1 for one the GPU does not take. */
-static int gpu_kv_fmt(const char *name) {
+int gpu_kv_fmt(const char *name) {
     for (int i = 0; i < (int)(sizeof gpu_schemes / sizeof *gpu_schemes); i++)
         if (!strcmp(name, gpu_schemes[i])) return i;
     return -1;

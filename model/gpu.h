@@ -38,6 +38,9 @@ typedef struct GpuModel GpuModel;
 int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen);
 /* The scheme's part of that alone (the CLI checks it before any model is read). */
 int gpu_supports_kv(const KVSpec *spec, char *err, size_t errlen);
+/* The CUDA_KV_* format (kernels/cuda.h) of a scheme's name, -1 for one the
+ * GPU does not take. */
+int gpu_kv_fmt(const char *name);
 /* Opens the device and uploads m's weights (and its MTP module's). */
 int gpu_model_open(GpuModel **g, const Model *m, char *err, size_t errlen);
 /* The shape of c with random bf16 weights made on the device (benchmarks:

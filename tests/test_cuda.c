@@ -343,20 +343,12 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
     }
 }
 
-/* The CUDA_KV_* format of a scheme's name. */
-static int gpu_fmt(const char *scheme) {
-    static const char *const names[] = {"f32", "f16", "q8", "tbq2", "tbq3", "tbq4", "q4", "q4h", "lm3"};
-    for (int i = 0; i < 9; i++)
-        if (!strcmp(scheme, names[i])) return i;
-    cr_assert_fail("no CUDA format for %s", scheme);
-    return -1;
-}
-
 /* Attention of n new tokens after pos cached ones, against attn_group_ref
  * token by token over CPU streams holding the same rows. */
 static void check_attention(const char *scheme, int hd, int nkv, int gqa, int pos, int n, int splits) {
     const int nh = nkv * gqa, cap = pos + n + 5, L = pos + n;
-    const int fmt = gpu_fmt(scheme), f16 = fmt == CUDA_KV_F16;
+    const int fmt = gpu_kv_fmt(scheme), f16 = fmt == CUDA_KV_F16;
+    cr_assert_geq(fmt, 0, "no CUDA format for %s", scheme);
     char err[256];
     KVSpec spec;
     cr_assert_eq(kv_spec_parse(scheme, &spec, err, sizeof err), 0, "%s", err);
@@ -760,11 +752,10 @@ Test(cuda, compare_matches_the_cpu, .timeout = 120) {
  * same bytes (the tests above); but the two devices' keys and values
  * differ in their last bits (their matmuls add in other orders), so a
  * value within rounding of a code boundary may take the neighbouring code,
- * and a flipped code moves the logits by a step of the scheme's own grid:
- * up to 0.06 for q4 (run 18), where the CPU alone, at another ISA, moves
- * them 0.011. So the bound is relative to what the scheme does to the
- * logits anyway: at most a fifth of its own error against an f32 cache
- * (q4: 0.062 against 0.457), or 1e-3 where that is larger. */
+ * and a flipped code moves the logits by a step of the scheme's own grid
+ * (docs/cuda.md, Correctness). So the bound is relative to what the scheme
+ * does to the logits anyway: at most a fifth of its own error against an
+ * f32 cache, or 1e-3 where that is larger. */
 Test(cuda, coded_cache_logits_match_the_cpu, .timeout = 120) {
     need_gpu();
     static const char *const isa[] = {"ref", "avx2", "avx512", "avx512vnni"};
