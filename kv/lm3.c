@@ -49,5 +49,6 @@ const KVScheme kv_lm3 = {
     .name = "lm3", .desc = "3-bit Lloyd-Max of x/|x|, no rotation (ManthanQuant)",
     .bits = lm3_bits, .check = lm3_check, .init = lm3_init, .free = lb_kv_free,
     .append = lm3_append, .truncate = lb_kv_truncate, .dequant = lb_kv_dequant,
-    .score = lb_kv_score, .accum = lb_kv_accum, .bytes = lb_kv_bytes, .span = lb_kv_span,
+    .score = lb_kv_score, .accum = lb_kv_accum, .bytes = lb_kv_bytes, .span = lb_kv_span, .score_err = 5e-4f,
+    .score_int = lb_score_int_ref, .accum_err = 3e-3f,
 };

@@ -59,6 +59,13 @@ void lb_fmt(LbFmt *f, int kind, int n, int nb, int hdr, int renorm, float cb_sca
     f->cb16_s = 1023.0f / m;
     f->cb16_d = m / 1023.0f;
     for (int i = 0; i < 32; i++) f->cb16[i] = (int16_t)lrintf(f->cb[i & (k - 1)] * f->cb16_s);
+    f->sq_d = m * m / 16383.0f;
+    for (int i = 0; i < 16; i++) {
+        const float c = f->cb[i & (k - 1)];
+        const int q = (int)lrintf(c * c / (m * m) * 16383.0f);
+        f->sq_lo[i] = (uint8_t)(q & 63);
+        f->sq_hi[i] = (uint8_t)(q >> 6);
+    }
 }
 
 int lb_code(const uint8_t *qs, int bits, int j) {
@@ -139,15 +146,16 @@ typedef struct {
     float inv;    /* 1 / (q_s · cb8_s), 0 for an all-zero query */
 } LbQ8;
 
-/* The scale both query paths use: 127 / max|q|; -1 for a non-finite
- * query (the float path takes it), 0 for an all-zero one. */
-static float q8_scale(const float *q) {
+/* The scale both query paths use: lim / max|q| (127 for bytes, 16383 for
+ * lm3's words); -1 for a non-finite query (the float path takes it), 0 for
+ * an all-zero one. */
+static float q_scale(const float *q, float lim) {
     float m = 0;
     for (int j = 0; j < 128; j++) {
         if (!isfinite(q[j])) return -1;
         m = fmaxf(m, fabsf(q[j]));
     }
-    return m > 0 ? 127.0f / m : 0;
+    return m > 0 ? lim / m : 0;
 }
 
 static void q8_finish(LbQ8 *o, float s, float cb8_s, int32_t sum) {
@@ -173,27 +181,83 @@ static int32_t i8_dot_ref(const uint8_t *cb8, int bits, const uint8_t *qs, const
     return a;
 }
 
-/* tbq's d = 128 blocks (fp16 scale, no renorm); 2 and 3 bits need VBMI
- * to unpack their codes in registers. lm3 (fp32 scale, no rotation) keeps
- * its float kernels: rounding its unrotated queries to 8 bits moved the
- * shipped model's logits by up to 1.8% of the largest. */
-static int i8_path(const KVStream *s) {
+/* The integer paths read d = 128 in one block; 2 and 3 bits need VBMI to
+ * unpack their codes in registers. */
+static int int_shape(const KVStream *s) {
     const LbFmt *f = s->aux;
-    return f->kind != LB_Q4_0 && !f->renorm && f->nb == 1 && f->n == 128 && s->d == 128 && f->hdr == 2 &&
-           (f->kind == LB_IDX4 || kernels_has_vbmi());
+    return f->kind != LB_Q4_0 && f->nb == 1 && f->n == 128 && s->d == 128 && (f->kind == LB_IDX4 || kernels_has_vbmi());
 }
 
-int lb_score_i8_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+/* Byte scores: tbq (fp16 scale) and polar4 (fp32 scale, renorm over
+ * 4-bit codes). */
+static int i8_path(const KVStream *s) {
     const LbFmt *f = s->aux;
-    if (!i8_path(s)) return -1;
+    return int_shape(s) && (f->renorm ? f->kind == LB_IDX4 : f->hdr == 2);
+}
+
+/* Word scores: lm3 (fp32 scale, 3-bit codes, no rotation). Rounding its
+ * unrotated queries to 8 bits moved the shipped model's logits by up to
+ * 1.8% of the largest, so they go to 14 bits (16383 / max|q|) against the
+ * 10-bit cb16: 128 · 16383 · 1023 keeps every sum below 2^31. */
+static int w16_path(const KVStream *s) {
+    const LbFmt *f = s->aux;
+    return int_shape(s) && f->kind == LB_IDX3 && f->hdr == 4 && !f->renorm;
+}
+
+/* One head's query as the word scores read it, in value order. */
+typedef struct {
+    int16_t q[128];
+    float inv; /* 1 / (q_s · cb16_s), 0 for an all-zero query */
+} LbQ16;
+
+static void q16_prep_ref(const float *q, float s, float cb16_s, LbQ16 *o) {
+    for (int j = 0; j < 128; j++) o->q[j] = (int16_t)lrintf(q[j] * s);
+    o->inv = s > 0 ? 1.0f / (s * cb16_s) : 0;
+}
+
+static int32_t w16_dot_ref(const int16_t *cb16, const uint8_t *qs, const LbQ16 *o) {
+    int32_t a = 0;
+    for (int j = 0; j < 128; j++) a += cb16[lb_code(qs, 3, j)] * o->q[j];
+    return a;
+}
+
+/* polar4's Σ sq14[idx] over a block's 128 4-bit codes: exact, below 2^22. */
+static int32_t norm2_i(const LbFmt *f, const uint8_t *qs) {
+    int32_t a = 0;
+    for (int j = 0; j < 128; j++) {
+        const int c = lb_code(qs, 4, j);
+        a += f->sq_lo[c] + 64 * f->sq_hi[c];
+    }
+    return a;
+}
+
+/* A block's scale as the integer scores apply it: the stored one, or for
+ * polar4 γ / ‖cb[idx]‖ with the norm from norm2_i. */
+static float i8_scale(const LbFmt *f, const uint8_t *blk) {
+    const float g = header(blk, f->hdr);
+    return f->renorm ? g / sqrtf((float)norm2_i(f, blk + f->hdr) * f->sq_d) : g;
+}
+
+int lb_score_int_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const LbFmt *f = s->aux;
+    const int w16 = w16_path(s);
+    if (!i8_path(s) && !w16) return -1;
     for (int i = 0; i < nq; i++)
-        if (q8_scale(q + (size_t)i * 128) < 0) return -1;
-    for (int i = 0; i < nq; i++) {
-        LbQ8 o;
-        q8_prep_ref(q + (size_t)i * 128, q8_scale(q + (size_t)i * 128), f->cb8_s, &o);
+        if (q_scale(q + (size_t)i * 128, 127.0f) < 0) return -1;
+    for (int i = 0; w16 && i < nq; i++) {
+        LbQ16 o;
+        q16_prep_ref(q + (size_t)i * 128, q_scale(q + (size_t)i * 128, 16383.0f), f->cb16_s, &o);
         for (int t = t0; t < t1; t++) {
             const uint8_t *blk = s->data + (size_t)t * (size_t)f->vec_bytes;
-            out[(size_t)i * ldo + (t - t0)] = (float)(i8_dot_ref(f->cb8, f->kind, blk + f->hdr, &o) - o.bias) * header(blk, f->hdr) * o.inv;
+            out[(size_t)i * ldo + (t - t0)] = (float)w16_dot_ref(f->cb16, blk + f->hdr, &o) * header(blk, f->hdr) * o.inv;
+        }
+    }
+    for (int i = 0; !w16 && i < nq; i++) {
+        LbQ8 o;
+        q8_prep_ref(q + (size_t)i * 128, q_scale(q + (size_t)i * 128, 127.0f), f->cb8_s, &o);
+        for (int t = t0; t < t1; t++) {
+            const uint8_t *blk = s->data + (size_t)t * (size_t)f->vec_bytes;
+            out[(size_t)i * ldo + (t - t0)] = (float)(i8_dot_ref(f->cb8, f->kind, blk + f->hdr, &o) - o.bias) * i8_scale(f, blk) * o.inv;
         }
     }
     return 0;
@@ -760,7 +824,7 @@ AVX512 static void accum_avx512(const LbFmt *f, const uint8_t *data, int d, cons
  * The price is q and the codebook rounded to 8 bits: at most about 3e-3 of
  * ‖q‖‖k‖ on random data (KVScheme.score_err), beside the 4-bit codes' own
  * error of about 1e-2 ‖q‖‖k‖ RMS. The sums are exact integers below 2^24,
- * so any order gives the same float; lb_score_i8_ref (above) is the same
+ * so any order gives the same float; lb_score_int_ref (above) is the same
  * arithmetic in plain C. */
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -786,7 +850,7 @@ VNNI_INLINE void q8_prep(const float *q, float s, float cb8_s, LbQ8 *o) {
 
 /* Four positions' integer sums acc[r][i] (positions past R zero) to
  * scores: one hsum tree per head, one conversion, then the scaling as
- * 4-lane vectors (the float operations of lb_score_i8_ref, in its order);
+ * 4-lane vectors (the float operations of lb_score_int_ref, in its order);
  * out[i·ldo + r] for r < R. */
 VNNI_INLINE void score4_finish(const int NQ, __m512i (*acc)[4], const float *sc, int R, const LbQ8 *o, float *out,
                                int ldo) {
@@ -800,40 +864,61 @@ VNNI_INLINE void score4_finish(const int NQ, __m512i (*acc)[4], const float *sc,
     }
 }
 
+/* Σ sq14[idx] of one block's 128 4-bit codes (low nibbles il, high ih) in
+ * 16 int32 lanes: each half of the squares looked up and summed by
+ * vpdpbusd with weights 1 (sq_lo) and 64 (sq_hi). */
+VNNI_INLINE __m512i norm2_lanes(__m512i il, __m512i ih, __m512i sql, __m512i sqh) {
+    const __m512i one = _mm512_set1_epi8(1), w64 = _mm512_set1_epi8(64);
+    __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi8(sql, il), one);
+    a = _mm512_dpbusd_epi32(a, _mm512_shuffle_epi8(sql, ih), one);
+    a = _mm512_dpbusd_epi32(a, _mm512_shuffle_epi8(sqh, il), w64);
+    return _mm512_dpbusd_epi32(a, _mm512_shuffle_epi8(sqh, ih), w64);
+}
+
+VNNI_INLINE __m512i sq_table(const uint8_t *t) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t)); }
+
 /* Scores of positions [t0, t1) for NQ <= 4 prepared queries, four
  * positions at a time: their integer lane sums share one hsum tree per
  * head, then one conversion and the scaling as 4-lane vectors (the same
- * float operations, in the same order, as lb_score_i8_ref's). */
-VNNI_INLINE void score_i8_body(const LbFmt *f, const int NQ, const uint8_t *data, const LbQ8 *o, int t0, int t1,
-                               float *out, int ldo) {
-    const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)f->cb8)), m4 = _mm512_set1_epi8(15);
+ * float operations, in the same order, as lb_score_int_ref's). RN: polar4,
+ * whose scale γ / ‖cb[idx]‖ takes its integer norms through a fifth tree. */
+VNNI_INLINE void score_i8_body(const LbFmt *f, const int NQ, const int RN, const uint8_t *data, const LbQ8 *o,
+                               int t0, int t1, float *out, int ldo) {
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)f->cb8)), m4 = _mm512_set1_epi8(15),
+                  sql = sq_table(f->sq_lo), sqh = sq_table(f->sq_hi);
     const size_t vb = (size_t)f->vec_bytes;
     __m512i qe[4], qo[4];
     for (int i = 0; i < NQ; i++) qe[i] = _mm512_loadu_si512(o[i].qe), qo[i] = _mm512_loadu_si512(o[i].qo);
     for (int t = t0; t < t1; t += 4) {
         const int R = t1 - t < 4 ? t1 - t : 4;
-        __m512i acc[4][4];
+        __m512i acc[4][4], nrm[4];
         float sc[4] = {0, 0, 0, 0};
         lb_prefetch(data, f->vec_bytes, t + LB_AHEAD, 4);
         for (int r = 0; r < 4; r++) {
             if (r >= R) {
                 for (int i = 0; i < NQ; i++) acc[r][i] = _mm512_setzero_si512();
+                nrm[r] = _mm512_set1_epi32(1); /* any nonzero norm: the lane is not stored */
                 continue;
             }
             const uint8_t *blk = data + (size_t)(t + r) * vb;
             const __m512i v = _mm512_loadu_si512(blk + f->hdr);
-            const __m512i lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4)),
-                          hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            const __m512i il = _mm512_and_si512(v, m4), ih = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            const __m512i lo = _mm512_shuffle_epi8(tbl, il), hi = _mm512_shuffle_epi8(tbl, ih);
             for (int i = 0; i < NQ; i++)
                 acc[r][i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qe[i]), hi, qo[i]);
+            if (RN) nrm[r] = norm2_lanes(il, ih, sql, sqh);
             sc[r] = header_avx2(blk, f->hdr);
+        }
+        if (RN) {
+            const __m128 n2 = _mm_cvtepi32_ps(hsum4_512i(nrm[0], nrm[1], nrm[2], nrm[3]));
+            _mm_storeu_ps(sc, _mm_div_ps(_mm_loadu_ps(sc), _mm_sqrt_ps(_mm_mul_ps(n2, _mm_set1_ps(f->sq_d)))));
         }
         score4_finish(NQ, acc, sc, R, o, out + (t - t0), ldo);
     }
 }
 
-/* q8_scale in 16 lanes (max is exact, so the same scale). */
-VNNI_INLINE float q8_scale16(const float *q) {
+/* q_scale in 16 lanes (max is exact, so the same scale). */
+VNNI_INLINE float q_scale16(const float *q, float lim) {
     __m512 m = _mm512_setzero_ps();
     __mmask16 bad = 0;
     for (int j = 0; j < 128; j += 16) {
@@ -843,7 +928,7 @@ VNNI_INLINE float q8_scale16(const float *q) {
     }
     if (bad) return -1;
     const float mx = _mm512_reduce_max_ps(m);
-    return mx > 0 ? 127.0f / mx : 0;
+    return mx > 0 ? lim / mx : 0;
 }
 
 /* 0, or -1 when a query is not finite (the caller takes the float path). */
@@ -851,16 +936,18 @@ VNNI_FN static int score_i8(const LbFmt *f, const uint8_t *data, const float *q,
                             int ldo) {
     LbQ8 o[4];
     for (int i = 0; i < nq; i++) {
-        const float s = q8_scale16(q + (size_t)i * 128);
+        const float s = q_scale16(q + (size_t)i * 128, 127.0f);
         if (s < 0) return -1;
         q8_prep(q + (size_t)i * 128, s, f->cb8_s, &o[i]);
     }
+#define SCORE_I8(NQ) f->renorm ? score_i8_body(f, NQ, 1, data, o, t0, t1, out, ldo) : score_i8_body(f, NQ, 0, data, o, t0, t1, out, ldo)
     switch (nq) {
-    case 1: score_i8_body(f, 1, data, o, t0, t1, out, ldo); break;
-    case 2: score_i8_body(f, 2, data, o, t0, t1, out, ldo); break;
-    case 3: score_i8_body(f, 3, data, o, t0, t1, out, ldo); break;
-    default: score_i8_body(f, 4, data, o, t0, t1, out, ldo); break;
+    case 1: SCORE_I8(1); break;
+    case 2: SCORE_I8(2); break;
+    case 3: SCORE_I8(3); break;
+    default: SCORE_I8(4); break;
     }
+#undef SCORE_I8
     return 0;
 }
 
@@ -891,15 +978,37 @@ PAIRS16 void tbq_dec16(const KVStream *s, int t, int u, __m512i x[4][2]) {
     }
 }
 
-/* 16 positions' fp16 norms in one gather, over the codebook's scale. */
-PAIRS16 __m512 tbq_scale16(const KVStream *s, int t, int g, __mmask16 k) {
+/* 16 positions' scales over the codebook's: the headers in one gather
+ * (fp16 for tbq, fp32 for lm3 and polar4), polar4's divided by its norms
+ * ‖cb[idx]‖ taken as score_i8 takes them. */
+PAIRS16 __m512 lb_scale16(const KVStream *s, int t, int g, __mmask16 k) {
     (void)g;
     const LbFmt *f = s->aux;
+    const uint8_t *base = s->data + (size_t)t * (size_t)f->vec_bytes;
     const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                           _mm512_set1_epi32(f->vec_bytes));
-    const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, at,
-                                                  (const void *)(s->data + (size_t)t * (size_t)f->vec_bytes), 1);
-    return _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), _mm512_set1_ps(f->cb16_d));
+    const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, at, (const void *)base, 1);
+    __m512 sc = f->hdr == 2 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)) : _mm512_castsi512_ps(h);
+    if (f->renorm) {
+        const __m512i m4 = _mm512_set1_epi8(15), sql = sq_table(f->sq_lo), sqh = sq_table(f->sq_hi);
+        __m128i n2[4];
+        for (int q = 0; q < 4; q++) {
+            __m512i a[4];
+            for (int r = 0; r < 4; r++) {
+                if (!(k >> (4 * q + r) & 1)) {
+                    a[r] = _mm512_set1_epi32(1); /* masked off below */
+                    continue;
+                }
+                const __m512i v = _mm512_loadu_si512(base + (size_t)(4 * q + r) * (size_t)f->vec_bytes + f->hdr);
+                a[r] = norm2_lanes(_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), sql, sqh);
+            }
+            n2[q] = hsum4_512i(a[0], a[1], a[2], a[3]);
+        }
+        const __m512i all = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(n2[1], n2[0])),
+                                               _mm256_set_m128i(n2[3], n2[2]), 1);
+        sc = _mm512_maskz_div_ps(k, sc, _mm512_sqrt_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(all), _mm512_set1_ps(f->sq_d))));
+    }
+    return _mm512_mul_ps(sc, _mm512_set1_ps(f->cb16_d));
 }
 
 /* acc += Σ p v in integers, added only once all of it is summed: 0, or
@@ -910,7 +1019,7 @@ accum_i16(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, fl
     const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
                   hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
     __m512 sum[8][4][2];
-    if (p16_accum(s, tbq_dec16, tbq_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum)) return -1;
+    if (p16_accum(s, tbq_dec16, lb_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum)) return -1;
     /* even group e and odd group e + 2 hold values 64e + 2j and 64e + 2j + 1 */
     for (int i = 0; i < nq; i++)
         for (int e = 0; e < 2; e++)
@@ -1033,12 +1142,85 @@ VBMI_FN static int score_vb(const LbFmt *f, const uint8_t *data, const float *q,
                             int ldo) {
     LbQ8 o[4];
     for (int i = 0; i < nq; i++) {
-        const float s = q8_scale16(q + (size_t)i * 128);
+        const float s = q_scale16(q + (size_t)i * 128, 127.0f);
         if (s < 0) return -1;
         q8_prep(q + (size_t)i * 128, s, f->cb8_s, &o[i]);
     }
     if (f->kind == LB_IDX3) score_vb_heads(f, 3, data, o, nq, t0, t1, out, ldo);
     else score_vb_heads(f, 2, data, o, nq, t0, t1, out, ldo);
+    return 0;
+}
+
+/* lm3's word scores (w16_path): a position's 3-bit codes unpacked as for
+ * tbq3's scores, widened to words and looked up in cb16 by vpermw (which
+ * reads 5 index bits; cb16 repeats every 8), then 4 vpdpwssd per head
+ * against the query's 14-bit words in value order. The same integer sums
+ * and float steps as lb_score_int_ref. */
+VBMI_INLINE void score_w16_body(const LbFmt *f, const int NQ, const uint8_t *data, const LbQ16 *o, int t0, int t1,
+                                float *out, int ldo) {
+    const __m512i tbl = _mm512_loadu_si512(f->cb16), sh = _mm512_loadu_si512(vb_shift[1]),
+                  g0 = _mm512_loadu_si512(vb_gather[1][0]), g1 = _mm512_loadu_si512(vb_gather[1][1]);
+    const size_t vb = (size_t)f->vec_bytes;
+    __m512i q[4][4];
+    LbQ8 fin[4]; /* score4_finish's scaling: no codebook offset here */
+    for (int i = 0; i < NQ; i++) {
+        for (int k = 0; k < 4; k++) q[i][k] = _mm512_loadu_si512(o[i].q + 32 * k);
+        fin[i].bias = 0;
+        fin[i].inv = o[i].inv;
+    }
+    for (int t = t0; t < t1; t += 4) {
+        const int R = t1 - t < 4 ? t1 - t : 4;
+        __m512i acc[4][4];
+        float sc[4] = {0, 0, 0, 0};
+        lb_prefetch_near(data, f->vec_bytes, t + LB_AHEAD, 4);
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) {
+                for (int i = 0; i < NQ; i++) acc[r][i] = _mm512_setzero_si512();
+                continue;
+            }
+            const uint8_t *blk = data + (size_t)(t + r) * vb;
+            const __m512i v = vb_load(blk + f->hdr, 3);
+            const __m512i c0 = _mm512_multishift_epi64_epi8(sh, _mm512_permutexvar_epi8(g0, v)),
+                          c1 = _mm512_multishift_epi64_epi8(sh, _mm512_permutexvar_epi8(g1, v));
+            const __m512i x0 = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(c0)), tbl),
+                          x1 = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(c0, 1)), tbl),
+                          x2 = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(c1)), tbl),
+                          x3 = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(c1, 1)), tbl);
+            for (int i = 0; i < NQ; i++) {
+                __m512i a = _mm512_dpwssd_epi32(_mm512_setzero_si512(), x0, q[i][0]);
+                a = _mm512_dpwssd_epi32(a, x1, q[i][1]);
+                a = _mm512_dpwssd_epi32(a, x2, q[i][2]);
+                acc[r][i] = _mm512_dpwssd_epi32(a, x3, q[i][3]);
+            }
+            sc[r] = header_avx2(blk, f->hdr);
+        }
+        score4_finish(NQ, acc, sc, R, fin, out + (t - t0), ldo);
+    }
+}
+
+/* q16_prep_ref in 16 lanes: the same products, rounded to nearest even. */
+VBMI_INLINE void q16_prep(const float *q, float s, float cb16_s, LbQ16 *o) {
+    const __m512 sv = _mm512_set1_ps(s);
+    for (int j = 0; j < 128; j += 16)
+        _mm256_storeu_si256((__m256i *)(o->q + j), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + j), sv))));
+    o->inv = s > 0 ? 1.0f / (s * cb16_s) : 0;
+}
+
+/* 0, or -1 when a query is not finite (the caller takes the float path). */
+VBMI_FN static int score_w16(const LbFmt *f, const uint8_t *data, const float *q, int nq, int t0, int t1, float *out,
+                             int ldo) {
+    LbQ16 o[4];
+    for (int i = 0; i < nq; i++) {
+        const float s = q_scale16(q + (size_t)i * 128, 16383.0f);
+        if (s < 0) return -1;
+        q16_prep(q + (size_t)i * 128, s, f->cb16_s, &o[i]);
+    }
+    switch (nq) {
+    case 1: score_w16_body(f, 1, data, o, t0, t1, out, ldo); break;
+    case 2: score_w16_body(f, 2, data, o, t0, t1, out, ldo); break;
+    case 3: score_w16_body(f, 3, data, o, t0, t1, out, ldo); break;
+    default: score_w16_body(f, 4, data, o, t0, t1, out, ldo); break;
+    }
     return 0;
 }
 
@@ -1063,8 +1245,8 @@ VBMI_INLINE void vb_dec16_2(const KVStream *s, int t, int u, __m512i x[4][2]) { 
 VBMI_FN static int accum_vb(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const LbFmt *f = s->aux;
     __m512 sum[8][4][2];
-    if (f->kind == LB_IDX3 ? p16_accum(s, vb_dec16_3, tbq_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum)
-                           : p16_accum(s, vb_dec16_2, tbq_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum))
+    if (f->kind == LB_IDX3 ? p16_accum(s, vb_dec16_3, lb_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum)
+                           : p16_accum(s, vb_dec16_2, lb_scale16, 1, (size_t)f->vec_bytes, p, ldp, nq, t0, t1, sum))
         return -1;
     for (int i = 0; i < nq; i++)
         for (int g = 0; g < 4; g++)
@@ -1073,6 +1255,13 @@ VBMI_FN static int accum_vb(const KVStream *s, const float *p, int ldp, int nq, 
                 _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), sum[i][g][h]));
             }
     return 0;
+}
+
+/* Integer sums: all of them, lm3 included (its weights are rounded, not
+ * its queries: the same 1e-3 of Σ |p v| as tbq3's). */
+static int i16_path(const KVStream *s) {
+    const LbFmt *f = s->aux;
+    return int_shape(s) && (!f->renorm || f->kind == LB_IDX4);
 }
 
 /* Heads go in groups of at most 4 (5 -> 3 + 2, 8 -> 4 + 4), or 2 where the
@@ -1099,6 +1288,10 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
             i0 += m;
             continue;
         }
+        if (kernels_level() >= 3 && w16_path(s) && !score_w16(f, s->data, qi, m, t0, t1, oi, ldo)) {
+            i0 += m;
+            continue;
+        }
         if (wide) score_avx512(f, s->data, s->d, qi, m, t0, t1, oi, ldo);
         else score_avx2(f, s->data, s->d, qi, m, t0, t1, oi, ldo);
         i0 += m;
@@ -1107,7 +1300,7 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
 
 void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const LbFmt *f = s->aux;
-    if (kernels_level() >= 3 && i8_path(s) &&
+    if (kernels_level() >= 3 && i16_path(s) &&
         !(f->kind == LB_IDX4 ? accum_i16(s, p, ldp, nq, t0, t1, acc) : accum_vb(s, p, ldp, nq, t0, t1, acc)))
         return;
     const int wide = kernels_level() > 1 && f->kind == LB_IDX4;

@@ -49,6 +49,12 @@ typedef struct {
      * cb16_s = 1023 / max|cb| (cb16_d = its inverse), repeating likewise */
     int16_t cb16[32];
     float cb16_s, cb16_d;
+    /* and their squares, for polar4's norm ‖cb[idx]‖² in the integer paths:
+     * sq14[i] = round(cb[i]² · 16383 / max cb²) = sq_lo[i] + 64 · sq_hi[i]
+     * (6 + 8 bits, so vpdpbusd sums each half with weights 1 and 64);
+     * ‖cb[idx]‖² ≈ Σ sq14[idx] · sq_d, sq_d = max cb² / 16383 */
+    uint8_t sq_lo[16], sq_hi[16];
+    float sq_d;
 } LbFmt;
 
 /* Fills f; cb_scale multiplies the N(0,1) Lloyd-Max table (unused for q4_0). */
@@ -80,10 +86,11 @@ size_t lb_kv_span(const KVStream *s, int t);
 
 /* The integer scores lb_kv_score gives at kernels_level() >= 3, in plain C
  * with the same rounding: 0, or -1 when the stream or the queries do not
- * take that path (it needs tbq's blocks: d = 128 in one block, an fp16
- * scale, no renorm; 4-bit codes, or 3 and 2 bits when the kernels run at
+ * take that path (it needs d = 128 in one block with tbq's fp16 scale, or
+ * polar4's fp32 one and its renorm, whose ‖cb[idx]‖² is then the integer
+ * Σ sq14[idx] above; 4-bit codes, or 3 and 2 bits when the kernels run at
  * avx512vnni on a CPU with VBMI, kernels_has_vbmi(); finite queries).
  * Tests hold the VNNI kernel to it bit for bit. */
-int lb_score_i8_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
+int lb_score_int_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
 
 #endif

@@ -28,5 +28,5 @@ const KVScheme kv_tbq4 = {
     .append = tbq_append, .truncate = lb_kv_truncate, .dequant = lb_kv_dequant,
     .to_domain = tbq_to_domain, .from_domain = tbq_from_domain,
     .score = lb_kv_score, .accum = lb_kv_accum, .bytes = lb_kv_bytes, .span = lb_kv_span, .score_err = 5e-3f,
-    .score_int = lb_score_i8_ref, .accum_err = 2e-3f,
+    .score_int = lb_score_int_ref, .accum_err = 2e-3f,
 };

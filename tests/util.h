@@ -35,7 +35,7 @@ static inline void fill(float *x, int n) {
  * (kv/lowbit.c). Needs kernels/matmul.h. */
 static inline int int_path(const KVStream *s) {
     const char *n = s->scheme->name;
-    if (!kernels_has_vbmi() && (!strcmp(n, "tbq3") || !strcmp(n, "tbq2"))) return 0;
+    if (!kernels_has_vbmi() && (!strcmp(n, "tbq3") || !strcmp(n, "tbq2") || !strcmp(n, "lm3"))) return 0;
     return kernels_level() >= 3;
 }
 
