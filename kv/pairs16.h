@@ -90,21 +90,18 @@ PAIRS16 int p16_round(const float (*wf)[P16_SPAN], int ng, int np, int16_t (*wq)
     return 0;
 }
 
-/* One span [t0, t0 + n), n <= P16_SPAN, for NH <= 2 heads. Returns -1
+/* One span [t0, t0 + n), n <= P16_SPAN, for NH <= 2 heads, with the
+ * span's group scales sf (S's, taken once for all heads). Returns -1
  * (nothing added) when a weight is not finite: the caller takes the float
  * path. out(i, g, v0, v1) receives group g's 32 sums of head i. */
-PAIRS16 int p16_span(const KVStream *s, Dec16 D, Scale16 S, const int G1, size_t rb, const float *p, int ldp,
-                     const int NH, int t0, int n, __m512 (*out)[4][2]) {
-    /* group scales once for all heads, then per head the weights as floats
-     * and as int16 at one scale; a zero weight pads an odd span */
+PAIRS16 int p16_span(const KVStream *s, Dec16 D, const float (*sf)[P16_SPAN], const int G1, size_t rb, const float *p,
+                     int ldp, const int NH, int t0, int n, __m512 (*out)[4][2]) {
+    /* per head the weights as floats and as int16 at one scale; a zero
+     * weight pads an odd span */
     const int np = (n + 1) & ~1, ng = G1 ? 1 : 4;
-    float sf[4][P16_SPAN] __attribute__((aligned(64))), wf[4][P16_SPAN] __attribute__((aligned(64)));
+    float wf[4][P16_SPAN] __attribute__((aligned(64)));
     int16_t wq[2][4][P16_SPAN] __attribute__((aligned(64)));
     float inv[2];
-    for (int t = 0; t < np; t += 16) {
-        const __mmask16 k = n - t >= 16 ? 0xffff : (__mmask16)((1u << (n - t)) - 1);
-        for (int g = 0; g < ng; g++) _mm512_store_ps(sf[g] + t, S(s, t0 + t, g, k));
-    }
     for (int i = 0; i < NH; i++) {
         for (int g = 0; g < ng; g++)
             for (int t = 0; t < np; t += 16) {
@@ -154,12 +151,19 @@ PAIRS16 int p16_accum(const KVStream *s, Dec16 D, Scale16 S, const int G1, size_
     for (int i = 0; i < nq; i++)
         for (int g = 0; g < 4; g++) sum[i][g][0] = sum[i][g][1] = _mm512_setzero_ps();
     for (int ta = t0; ta < t1; ta += P16_SPAN) {
-        const int n = t1 - ta < P16_SPAN ? t1 - ta : P16_SPAN;
+        const int n = t1 - ta < P16_SPAN ? t1 - ta : P16_SPAN, ng = G1 ? 1 : 4;
+        /* the group scales once per span, for every pair of heads */
+        float sf[4][P16_SPAN] __attribute__((aligned(64)));
+        for (int t = 0; t < n; t += 16) {
+            const __mmask16 k = n - t >= 16 ? 0xffff : (__mmask16)((1u << (n - t)) - 1);
+            for (int g = 0; g < ng; g++) _mm512_store_ps(sf[g] + t, S(s, ta + t, g, k));
+        }
         for (int i0 = 0; i0 < nq; i0 += 2) {
             __m512 v[2][4][2];
             const float *pi = p + (size_t)i0 * ldp + (ta - t0);
             const int two = nq - i0 >= 2;
-            if (two ? p16_span(s, D, S, G1, rb, pi, ldp, 2, ta, n, v) : p16_span(s, D, S, G1, rb, pi, ldp, 1, ta, n, v))
+            const float (*sc)[P16_SPAN] = (const float (*)[P16_SPAN])sf;
+            if (two ? p16_span(s, D, sc, G1, rb, pi, ldp, 2, ta, n, v) : p16_span(s, D, sc, G1, rb, pi, ldp, 1, ta, n, v))
                 return -1;
             for (int i = 0; i < 1 + two; i++)
                 for (int g = 0; g < 4; g++)
