@@ -69,4 +69,5 @@ const KVScheme kv_q4h = {
     .append = q4h_append, .truncate = lb_kv_truncate, .dequant = lb_kv_dequant,
     .to_domain = q4h_domain, .from_domain = q4h_domain,
     .score = q4_kv_score, .accum = q4_kv_accum, .bytes = lb_kv_bytes, .span = lb_kv_span,
+    .score_err = 5e-3f, .score_int = q4_score_int,
 };
