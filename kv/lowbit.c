@@ -1,7 +1,8 @@
 /* lowbit.c: code packing, block encode/decode and the AVX2 / AVX-512
  * score and accumulate kernels of the packed low-bit KV schemes (layouts in
- * lowbit.h), with integer (AVX-512 VNNI) ones for tbq's shape at the end:
- * 4-bit codes on VNNI, 3- and 2-bit codes where the CPU also has VBMI.
+ * lowbit.h), with integer (AVX-512 VNNI) ones for d = 128 in one block at
+ * the end (tbq, polar4, lm3): 4-bit codes on VNNI, 3- and 2-bit codes
+ * where the CPU also has VBMI.
  * The plain C path is kv.c's reference over lb_dequant (the only one on
  * other CPUs than x86-64).
  *

@@ -11,16 +11,17 @@
 #     the same C arithmetic on both machines;
 #   - must be within TOL (default 2e-4) times the largest |logit| of
 #     NATIVE_RUN's default kernels, whose SIMD sums round differently, or
-#     TOL_INT (2e-2) for the schemes in INT_SCHEMES (q8 tbq4 tbq3 tbq2: on
-#     AVX-512 VNNI, with VBMI for tbq3 and tbq2, their scores are integer
-#     dot products over queries rounded to 8 bits), and pick the same top
+#     TOL_INT (2e-2) for the schemes in INT_SCHEMES (q8 q4 q4h tbq4 tbq3
+#     tbq2 polar4 lm3: on AVX-512 VNNI, with VBMI for tbq3, tbq2 and lm3,
+#     their scores are integer dot products over queries rounded to 8 bits,
+#     lm3's to 14), and pick the same top
 #     token at no fewer than MIN_TOP1 (0.95) of
 #     the positions.
 # Prints one line per scheme; exits 1 if any scheme fails.
 set -u
 native=$1 emu=$2 out=$3
 schemes=${4:-"f32 f16 q8 q4 q4h tbq4 tbq3 tbq2 polar4 lm3 kivi2 kivi4"}
-min_top1=${MIN_TOP1:-0.95} vocab=${VOCAB:-4160} int_schemes=${INT_SCHEMES:-"q8 tbq4 tbq3 tbq2"}
+min_top1=${MIN_TOP1:-0.95} vocab=${VOCAB:-4160} int_schemes=${INT_SCHEMES:-"q8 q4 q4h tbq4 tbq3 tbq2 polar4 lm3"}
 model=models/qwen3-kjv-mtp
 mkdir -p "$out"
 prompt=$out/logits-prompt.txt
