@@ -532,7 +532,8 @@ AVX2 static void accum_values_avx2(const KVStream *s, const float *p, int ldp, i
  *          code m + 8 in dword 2m + 1: order 0, 8, 1, 9, .., 7, 15 (perm16)
  * For b = 4 the scaled queries (score) and the partial sums (accumulate) are
  * permuted to match once per block and once per call.
- * Heads go in passes of 256 / D, whose per-head vectors stay in registers:
+ * Heads go in passes of 256 / D (V) or up to 512 / D (K), whose per-head
+ * vectors stay in registers or, for K's third and fourth heads, in L1:
  *   K: per block, qs_i = q_i·s (D/16 vectors) and bias_i; positions four at
  *      a time, each chunk feeding every head's FMA chains, and the four
  *      positions' horizontal sums share one hsum4_512 tree per head;
@@ -596,7 +597,7 @@ AVX512_INLINE __m512 dec16(const uint8_t *p, const int b, __m512i sh, __m512 tab
  * sums share one hsum4_512 tree per head. */
 AVX512_INLINE void score4(const uint8_t *rows, size_t row, const int D, const int NH, const int b, __m512 (*qs)[16],
                           const float *bias, __m512i sh, __m512 tab, float *out, int ldo) {
-    __m512 tot[4][2], odd[2];
+    __m512 tot[4][4], odd[4];
     for (int r = 0; r < 4; r++) {
         /* even and odd chunks in two chains, for twice the FMAs in flight
          * (docs/kernel-notes.md#kivi-score-chains) */
@@ -616,7 +617,7 @@ AVX512_INLINE void score4(const uint8_t *rows, size_t row, const int D, const in
                       _mm_add_ps(hsum4_512(tot[0][i], tot[1][i], tot[2][i], tot[3][i]), _mm_set1_ps(bias[i])));
 }
 
-/* Quantized key positions [t0, t1) for NH heads of D dims (NH·D <= 256),
+/* Quantized key positions [t0, t1) for NH heads of D dims (NH·D <= 512),
  * b bits; out indexed from t0. Inlined with D, NH and b constants. */
 AVX512_INLINE void score_pass(const KVStream *s, const float *q, const int D, const int NH, const int b, int t0, int t1,
                               float *out, int ldo) {
@@ -624,14 +625,14 @@ AVX512_INLINE void score_pass(const KVStream *s, const float *q, const int D, co
     const int G = k->G;
     const __m512i sh = dec_shifts(b), perm = _mm512_loadu_si512(perm16);
     const __m512 tab = dec_table(b);
-    __m512 qs[2][16];
-    float bias[2], part[2 * 4];
+    __m512 qs[4][16];
+    float bias[4], part[4 * 4];
     uint8_t pad[4 * 256 / 2]; /* four rows of up to 256 4-bit codes */
     for (int t = t0; t < t1;) {
         const int bi = t / G, te = (bi + 1) * G < t1 ? (bi + 1) * G : t1;
         const uint8_t *blk = s->data + (size_t)bi * k->unit, *rows = blk + 4 * (size_t)D;
         /* the block's qs_i (decode order) and bias_i = Σ_c q_i[c]·z_c */
-        __m512 bz[2];
+        __m512 bz[4];
         for (int i = 0; i < NH; i++) bz[i] = _mm512_setzero_ps();
         for (int j = 0; j < D / 16; j++) {
             const uint8_t *hs = blk + 32 * (size_t)j, *hz = hs + 2 * (size_t)D;
@@ -667,22 +668,28 @@ AVX512_INLINE void score_pass(const KVStream *s, const float *q, const int D, co
     }
 }
 
-/* AVX-512 K score (d = 128 or 256): passes of two heads (d = 128) or one,
- * each shape a separately inlined copy; then the window. */
+/* AVX-512 K score (d = 128 or 256): passes of four heads (d = 128, where
+ * the call has them: prefill's 8 queries take two passes over the codes,
+ * not four; the qs they hold past the registers are FMA memory operands),
+ * two or one, each shape a separately inlined copy; then the window. */
 AVX512 static void score_keys_avx512(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     const int d = s->d, b = ((const Kivi *)s->aux)->b, nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
-    for (int h = 0; h < nq && t0 < tq; h += 256 / d) {
+    for (int h = 0, nh; h < nq && t0 < tq; h += nh) {
         const float *qh = q + (size_t)h * d;
         float *o = out + (size_t)h * ldo;
+        nh = d == 256 ? 1 : nq - h >= 4 ? 4 : nq - h >= 2 ? 2 : 1;
         if (d == 256) {
             if (b == 2) score_pass(s, qh, 256, 1, 2, t0, tq, o, ldo);
             else score_pass(s, qh, 256, 1, 4, t0, tq, o, ldo);
-        } else if (nq - h == 1) {
+        } else if (nh == 1) {
             if (b == 2) score_pass(s, qh, 128, 1, 2, t0, tq, o, ldo);
             else score_pass(s, qh, 128, 1, 4, t0, tq, o, ldo);
-        } else {
+        } else if (nh == 2) {
             if (b == 2) score_pass(s, qh, 128, 2, 2, t0, tq, o, ldo);
             else score_pass(s, qh, 128, 2, 4, t0, tq, o, ldo);
+        } else {
+            if (b == 2) score_pass(s, qh, 128, 4, 2, t0, tq, o, ldo);
+            else score_pass(s, qh, 128, 4, 4, t0, tq, o, ldo);
         }
     }
     score_window(s, q, nq, t0 > tq ? t0 : tq, t1, out, ldo, t0);
