@@ -532,8 +532,9 @@ AVX2 static void accum_values_avx2(const KVStream *s, const float *p, int ldp, i
  *          code m + 8 in dword 2m + 1: order 0, 8, 1, 9, .., 7, 15 (perm16)
  * For b = 4 the scaled queries (score) and the partial sums (accumulate) are
  * permuted to match once per block and once per call.
- * Heads go in passes of 256 / D (V) or up to 512 / D (K), whose per-head
- * vectors stay in registers or, for K's third and fourth heads, in L1:
+ * Heads go in passes of 256 / D (V; K at D = 256) or up to four (K at
+ * D = 128), whose per-head vectors stay in registers or, for K's third and
+ * fourth heads, in L1:
  *   K: per block, qs_i = q_i·s (D/16 vectors) and bias_i; positions four at
  *      a time, each chunk feeding every head's FMA chains, and the four
  *      positions' horizontal sums share one hsum4_512 tree per head;

@@ -35,6 +35,7 @@
 #include "kernels/matmul.h"
 #include "kv/lloydmax.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,7 +157,7 @@ static float q_scale(const float *q, float lim) {
         if (!isfinite(q[j])) return -1;
         m = fmaxf(m, fabsf(q[j]));
     }
-    return m > 0 ? lim / m : 0;
+    return m > lim / FLT_MAX ? lim / m : 0; /* a query so small that lim / m overflows scores 0 */
 }
 
 static void q8_finish(LbQ8 *o, float s, float cb8_s, int32_t sum) {
@@ -199,7 +200,10 @@ static int i8_path(const KVStream *s) {
 /* Word scores: lm3 (fp32 scale, 3-bit codes, no rotation). Rounding its
  * unrotated queries to 8 bits moved the shipped model's logits by up to
  * 1.8% of the largest, so they go to 14 bits (16383 / max|q|) against the
- * 10-bit cb16: 128 · 16383 · 1023 keeps every sum below 2^31. */
+ * 10-bit cb16: 128 · 16383 · 1023 keeps every sum below 2^31. Its
+ * score_err (5e-4) is the tests' worst (2.4e-4) with room, not a bound: a
+ * key of nothing but the smallest centroid, whose 10-bit rounding is
+ * 0.4%, could reach about 4e-3 of ‖q‖‖k‖. */
 static int w16_path(const KVStream *s) {
     const LbFmt *f = s->aux;
     return int_shape(s) && f->kind == LB_IDX3 && f->hdr == 4 && !f->renorm;
@@ -808,8 +812,8 @@ AVX512 static void accum_avx512(const LbFmt *f, const uint8_t *data, int d, cons
 }
 
 /* ---- AVX-512 VNNI scores for 4-bit codebooks ------------------------------
- * Where the CPU has VNNI, tbq4's scores (d = 128 in one block, the Qwen3
- * shape) are integer dot products, as llama.cpp's CPU path takes q·k over
+ * Where the CPU has VNNI, tbq4's and polar4's scores (d = 128 in one block,
+ * the Qwen3 shape) are integer dot products, as llama.cpp's CPU path takes q·k over
  * its quantized caches: each query is rounded to int8 once per call (absmax
  * to 127), the codebook to u8 (cb8), vpshufb looks 64 codes up in one
  * instruction (a 16-byte table per 128-bit lane) and vpdpbusd adds 4
@@ -929,7 +933,7 @@ VNNI_INLINE float q_scale16(const float *q, float lim) {
     }
     if (bad) return -1;
     const float mx = _mm512_reduce_max_ps(m);
-    return mx > 0 ? lim / mx : 0;
+    return mx > lim / FLT_MAX ? lim / mx : 0;
 }
 
 /* 0, or -1 when a query is not finite (the caller takes the float path). */
@@ -1034,7 +1038,8 @@ accum_i16(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, fl
 }
 
 /* ---- AVX-512 VBMI: the same integer scores and sums for 3- and 2-bit codes
- * tbq3 and tbq2 take the integer paths above with their codes unpacked by
+ * tbq3 and tbq2 (and lm3's sums; its word scores follow) take the integer
+ * paths above with their codes unpacked by
  * two VBMI instructions: vpermb gathers each 8-code word (b bytes) into a
  * 64-bit lane, vpmultishiftqb moves code k's bits to the bottom of byte k
  * (with the next codes' bits above them), and the lookups ignore those:

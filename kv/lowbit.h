@@ -86,11 +86,12 @@ size_t lb_kv_span(const KVStream *s, int t);
 
 /* The integer scores lb_kv_score gives at kernels_level() >= 3, in plain C
  * with the same rounding: 0, or -1 when the stream or the queries do not
- * take that path (it needs d = 128 in one block with tbq's fp16 scale, or
- * polar4's fp32 one and its renorm, whose ‖cb[idx]‖² is then the integer
- * Σ sq14[idx] above; 4-bit codes, or 3 and 2 bits when the kernels run at
- * avx512vnni on a CPU with VBMI, kernels_has_vbmi(); finite queries).
- * Tests hold the VNNI kernel to it bit for bit. */
+ * take that path. It needs d = 128 in one block and finite queries, and
+ * 4-bit codes, or 3 and 2 bits when the kernels run at avx512vnni on a CPU
+ * with VBMI (kernels_has_vbmi()); tbq (fp16 scale) and polar4 (fp32 γ and
+ * its renorm, whose ‖cb[idx]‖² is then the integer Σ sq14[idx] above)
+ * score queries rounded to bytes, lm3 (fp32 norm, 3 bits) to 14-bit words.
+ * Tests hold the VNNI kernels to it bit for bit. */
 int lb_score_int_ref(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
 
 #endif

@@ -4,7 +4,8 @@
  * Data flow: kv_stream_append quantizes one K or V vector into d/32 blocks;
  * attention scores and sums straight from the nibbles (q4_kv_score,
  * q4_kv_accum, kv/q4.h: q4h shares them),
- * never widening a cached vector into a float buffer: AVX-512 tiles
+ * never widening a cached vector into a float buffer: integer scores at
+ * d = 128 on AVX-512 VNNI (llama.cpp's q4_0 · q8_0), AVX-512 tiles
  * (kv/tile512.h) where the CPU has them, else AVX2 or plain C below (plain
  * C on other CPUs than x86-64).
  *
@@ -21,6 +22,7 @@
 #include "kernels/matmul.h"
 #include "kv/q4.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,7 +163,7 @@ static int q8_prep_c(const float *q, Q4Q8 *o) {
             if (!isfinite(q[32 * k + j])) return -1;
             m = fmaxf(m, fabsf(q[32 * k + j]));
         }
-        const float sc = m > 0 ? 127.0f / m : 0;
+        const float sc = m > 127.0f / FLT_MAX ? 127.0f / m : 0; /* 0 where 127 / m would overflow */
         int32_t sum = 0;
         for (int j = 0; j < 16; j++) {
             o->lo[16 * k + j] = (int8_t)lrintf(q[32 * k + j] * sc);
@@ -248,7 +250,7 @@ VNNI_INLINE int q8_prep16(const float *q, Q4Q8 *o) {
         const __m512 a = _mm512_loadu_ps(q + 32 * k), b = _mm512_loadu_ps(q + 32 * k + 16);
         if (_mm512_fpclass_ps_mask(a, 0x99) | _mm512_fpclass_ps_mask(b, 0x99)) return -1; /* NaN, ±inf */
         const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-        const float sc = m > 0 ? 127.0f / m : 0;
+        const float sc = m > 127.0f / FLT_MAX ? 127.0f / m : 0;
         const __m512i ia = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(sc))),
                       ib = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(sc)));
         _mm_storeu_si128((__m128i *)(o->lo + 16 * k), _mm512_cvtepi32_epi8(ia));

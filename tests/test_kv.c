@@ -411,8 +411,9 @@ Test(kv, attention_close_to_f32) {
                       sqrt(num / den), e->attn_err);
             /* the online-softmax path against the plain one on the same cache,
              * with float scores and sums: integer scores are held to their own
-             * plain C twin (test_kv_rotated.c), integer sums to accum_err, and
-             * their rounding of q or p moves this output by about 1e-3 */
+             * plain C twin and integer sums to accum_err
+             * (integer_scores_match_their_twin, above), and their rounding of
+             * q or p moves this output by about 1e-3 */
             const char *isa = kernels_isa();
             if ((sc->score_err || sc->accum_err) && kernels_level() >= 3) {
                 cr_assert_eq(kernels_set_isa("avx512"), 0);
