@@ -1,10 +1,11 @@
 /* attn.cu: causal GQA attention on the GPU over f32, f16, q8, q4, q4h,
- * tbq4/3/2 and lm3 caches in device memory, read in place: the twin of
- * attn_group_ref (attn/attn.c).
+ * tbq4/3/2, lm3 and polar4 caches in device memory, read in place: the
+ * twin of attn_group_ref (attn/attn.c).
  *
  * Data flow: model/gpu.c stores each token's k and v in the layer's caches
- * (cuda_qk_rope_store, then kv/tbq.cu, kv/q4.cu or kv/lm3.cu for the coded
- * formats), then calls cuda_attention for the n new tokens.
+ * (cuda_qk_rope_store, then kv/tbq.cu, kv/q4.cu, kv/lm3.cu or
+ * kv/polar4.cu for the coded formats), then calls cuda_attention for the n
+ * new tokens.
  *
  *   kc, vc [nkv streams]    cache of one layer: f32 or f16 rows [cap, hd],
  *                           q8 tiles of 16 positions, or the CPU's coded
@@ -34,14 +35,18 @@
  * 2p + 1. For the values lane l takes its hd / 32 dims of each position
  * pair (the V tile's layout) and weighs each position by p times its scale.
  *
- * The coded formats (one row of codes per position: tbq and lm3's
+ * The coded formats (one row of codes per position: tbq, lm3 and polar4's
  * Lloyd-Max indices, q4 and q4h's nibbles) are staged 32 rows at a time
  * into shared memory by asynchronous copies, a run ahead. Lane k scores
  * position k on its own (its codes as words in registers, each value
  * decoded once for every query row: no shuffles), then each lane sums its
- * hd / 32 dims of every position. Rotated formats (tbq, q4h) rotate the
- * queries in once per block and the output back once per row, never a
- * cached row: scores and sums happen in the rotated domain (kv/tbq.cuh).
+ * hd / 32 dims of every position. Rotated formats (tbq, q4h, polar4)
+ * rotate the queries in once per block and the output back once per row,
+ * never a cached row: scores and sums happen in the rotated domain
+ * (kv/tbq.cuh). polar4's scale is γ / ‖cb[idx]‖ of the block: the lane
+ * that scores a position sums its codes' squares beside the dot products,
+ * and the lane that folds a position's value scale into its weight sums
+ * them over the value row.
  */
 #include <math.h>
 #include <string.h>
@@ -197,6 +202,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
     constexpr int TB = code_bits_of(FMT), HB = code_hdr_of(FMT), BB = HB + 16 * TB;
     constexpr bool Q4F = FMT == CUDA_KV_Q4 || FMT == CUDA_KV_Q4H, STG = TB || Q4F;
     constexpr bool ROT = (TB && FMT != CUDA_KV_LM3) || FMT == CUDA_KV_Q4H;
+    constexpr bool POL = FMT == CUDA_KV_POLAR4; /* dense rotation; scale γ / ‖cb[idx]‖ */
     constexpr int VB = Q4F ? HD / 32 * 18 : HD / 128 * BB, STW = STG ? 32 * VB + 16 : 0;
     constexpr int MAIN = MAXR * HD + AT_WARPS * MAXR * 32 + AT_WARPS * 2 * STW / 4, MERGE = AT_WARPS * MAXR * HD;
     constexpr bool ALL = MAXR == AT_SMALL && FMT <= CUDA_KV_F16; /* the coded formats' rows cost arithmetic */
@@ -236,7 +242,9 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
         }
         if (TB && tid < 16) cbs[tid] = tab.cb[tid];
         __syncthreads();
-        if constexpr (ROT) {
+        if constexpr (POL) {
+            polar_rotate_rows<MAXR>(qs, R, tab.rm, scale); /* q·R, then scaled */
+        } else if constexpr (ROT) {
             /* into the keys' domain, then scaled (kv_to_domain_scaled's order;
              * q4h's rotation has no signs: its table's masks are zero) */
             tbq_rotate_rows(qs, R * HD, tab.s1, tab.s2, tab.hinv);
@@ -315,7 +323,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
 #pragma unroll
                 for (int b = 0; b < HD / 128; b++) {
                     const uint8_t *blk = kst + lane * VB + b * BB;
-                    const float d = code_scale<HB>(blk);
+                    float d = code_scale<HB>(blk), n2 = 0; /* n2: polar4's ‖cb[idx]‖² */
                     uint32_t w[NW];
                     code_words(blk + HB, w);
                     float dot[MAXR];
@@ -325,8 +333,10 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                     for (int j = 0; j < 128; j += 4) {
                         float kv[4];
 #pragma unroll
-                        for (int e = 0; e < 4; e++)
+                        for (int e = 0; e < 4; e++) {
                             kv[e] = *(const float *)((const char *)cbs + tbq_code4<TB, NW>(w, j + e));
+                            if (POL) n2 = fmaf(kv[e], kv[e], n2);
+                        }
 #pragma unroll
                         for (int r = 0; r < MAXR; r++)
                             if (r < R) {
@@ -335,6 +345,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                                 dot[r] = fmaf(qq.z, kv[2], dot[r]), dot[r] = fmaf(qq.w, kv[3], dot[r]);
                             }
                     }
+                    if (POL) d /= sqrtf(n2);
 #pragma unroll
                     for (int r = 0; r < MAXR; r++) mine[r] = b ? fmaf(d, dot[r], mine[r]) : d * dot[r];
                 }
@@ -350,6 +361,21 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                 cp_async_wait<1>();
                 __syncwarp();
                 if (TB && HD == 128) fold = lane < cnt ? code_scale<HB>(vst + lane * VB) : 0.0f;
+                if (POL && lane < cnt) {
+                    /* the value block's ‖cb[idx]‖, over its 16 code words */
+                    const uint32_t *cw = (const uint32_t *)(vst + lane * VB + HB); /* 68-byte rows: aligned */
+                    float n2 = 0;
+#pragma unroll
+                    for (int i = 0; i < 16; i++) {
+                        const uint32_t wd = cw[i];
+#pragma unroll
+                        for (int e = 0; e < 8; e++) {
+                            const float c = cbs[(wd >> (4 * e)) & 15];
+                            n2 = fmaf(c, c, n2);
+                        }
+                    }
+                    fold /= sqrtf(n2);
+                }
             } else if constexpr (FMT == CUDA_KV_Q8) {
                 /* tile by tile: lane l's quads l (and l + 32) and their blocks' scales */
                 constexpr int QPL = HD / 128;
@@ -600,7 +626,8 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
         if (ROT && splits == 1) {
             /* back from the values' domain (kv_from_domain_scaled) */
             __syncthreads();
-            tbq_rotate_rows(sm, R * HD, tab.s2, tab.s1, tab.hinv);
+            if constexpr (POL) polar_rotate_rows<MAXR>(sm, R, tab.rmt, 1.0f);
+            else tbq_rotate_rows(sm, R * HD, tab.s2, tab.s1, tab.hinv);
             for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
                 const int r = e / HD;
                 out[((size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa) * HD + e % HD] = sm[e];
@@ -659,7 +686,8 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
         }
         if (ROT) {
             /* back from the values' domain */
-            tbq_rotate_rows(sm, HD, tab.s2, tab.s1, tab.hinv);
+            if constexpr (POL) polar_rotate_rows<1>(sm, 1, tab.rmt, 1.0f);
+            else tbq_rotate_rows(sm, HD, tab.s2, tab.s1, tab.hinv);
             for (int d = tid; d < HD; d += 32 * AT_WARPS) out[row * HD + d] = sm[d];
         }
         __syncthreads(); /* wsp and red are rewritten for the next row */
@@ -680,8 +708,9 @@ static int tokens_per_block(int n, int nh, int nkv, int hd) {
 
 extern "C" int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_count) {
     const int qb = tokens_per_block(n, nh, nkv, hd), chunks = (n + qb - 1) / qb;
-    /* four blocks per SM (about what fits at once); no split shorter
-     * than a block's 128 positions; at most 256 */
+    /* four blocks per SM (about what fits at once; 8 and 16 were slower
+     * for every scheme, docs/cuda.md); no split shorter than a block's 128
+     * positions; at most 256 */
     int s = (4 * sm_count + nkv * chunks - 1) / (nkv * chunks);
     const int most = (cap + 32 * AT_WARPS - 1) / (32 * AT_WARPS);
     s = s > most ? most : s;
@@ -691,11 +720,13 @@ extern "C" int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_
 
 template <int HD, int FMT>
 static void launch(dim3 g, float *out, float *part, int *count, const float *q, int ldq, const void *kc,
-                   const void *vc, const int *pos, int n, int nh, int nkv, int cap, float scale, int splits, int qb) {
+                   const void *vc, const float *rot, const int *pos, int n, int nh, int nkv, int cap, float scale,
+                   int splits, int qb) {
     TbqTab tab;
     memset(&tab, 0, sizeof tab);
     if (code_bits_of(FMT)) tbq_cuda_tab(code_bits_of(FMT), &tab);
     if (FMT == CUDA_KV_Q4H) tab.hinv = 1.0f / sqrtf(128.0f); /* H / √128, no signs */
+    if (FMT == CUDA_KV_POLAR4) tab.rm = rot, tab.rmt = rot + 128 * 128;
     if (FMT >= CUDA_KV_TBQ2 && qb * (nh / nkv) <= 2)
         pdl_launch(attn_split_kernel<HD, FMT, 2>, g, dim3(32 * AT_WARPS), out, part, count, q, ldq, kc, vc, pos, n, nh,
                    nkv, cap, scale, splits, qb, tab);
@@ -707,7 +738,7 @@ static void launch(dim3 g, float *out, float *part, int *count, const float *q, 
                    pos, n, nh, nkv, cap, scale, splits, qb, tab);
 }
 
-/* launch for the format: q4, q4h and lm3 at head dim 128 only
+/* launch for the format: q4, q4h, lm3 and polar4 at head dim 128 only
  * (kernels/cuda.h; model/gpu.c refuses them elsewhere). */
 template <int HD, typename... A> static void launch_fmt(int fmt, A... a) {
     switch (fmt) {
@@ -721,17 +752,18 @@ template <int HD, typename... A> static void launch_fmt(int fmt, A... a) {
             if (fmt == CUDA_KV_Q4) return launch<HD, CUDA_KV_Q4>(a...);
             if (fmt == CUDA_KV_Q4H) return launch<HD, CUDA_KV_Q4H>(a...);
             if (fmt == CUDA_KV_LM3) return launch<HD, CUDA_KV_LM3>(a...);
+            if (fmt == CUDA_KV_POLAR4) return launch<HD, CUDA_KV_POLAR4>(a...);
         }
         launch<HD, CUDA_KV_F32>(a...);
     }
 }
 
 extern "C" void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int fmt,
-                               const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
+                               const float *d_rot, const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
                                int *d_count, int splits) {
     const int qb = tokens_per_block(n, nh, nkv, hd);
     const dim3 g(nkv, splits, (n + qb - 1) / qb);
-#define ARGS g, d_out, d_part, d_count, d_q, ldq, d_kc, d_vc, d_pos, n, nh, nkv, cap, scale, splits, qb
+#define ARGS g, d_out, d_part, d_count, d_q, ldq, d_kc, d_vc, d_rot, d_pos, n, nh, nkv, cap, scale, splits, qb
     if (hd == 128) launch_fmt<128>(fmt, ARGS);
     else launch_fmt<256>(fmt, ARGS);
 #undef ARGS

@@ -100,9 +100,14 @@ void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, const float *d
  *               staging of 256-wide rows does not fit its shared memory)
  *   CUDA_KV_LM3  one vector per position, |fp32 r|hd 3-bit codes|, the
  *               positions rounded up to 32; hd 128 only (the codebook is
- *               tbq3's at 128 values) */
+ *               tbq3's at 128 values)
+ *   CUDA_KV_POLAR4  one vector per position, |fp32 γ|128 4-bit codes| in
+ *               the domain of the layer's dense rotation R, the positions
+ *               rounded up to 32; hd 128 only (the kernels rotate with one
+ *               thread per column of R) */
 enum {
-    CUDA_KV_F32, CUDA_KV_F16, CUDA_KV_Q8, CUDA_KV_TBQ2, CUDA_KV_TBQ3, CUDA_KV_TBQ4, CUDA_KV_Q4, CUDA_KV_Q4H, CUDA_KV_LM3
+    CUDA_KV_F32, CUDA_KV_F16, CUDA_KV_Q8, CUDA_KV_TBQ2, CUDA_KV_TBQ3, CUDA_KV_TBQ4, CUDA_KV_Q4, CUDA_KV_Q4H, CUDA_KV_LM3,
+    CUDA_KV_POLAR4
 };
 /* Bytes of one stream of cap positions. */
 size_t cuda_kv_stream_bytes(int fmt, int hd, int cap);
@@ -113,9 +118,9 @@ size_t cuda_kv_stream_bytes(int fmt, int hd, int cap);
  * then stored at slot pos + i of the caches kc, vc [nkv streams] in format
  * fmt (f16 rounded to nearest even; q8 blocks as kv/q8.c's append, byte
  * for byte). Token i's rows of q, k and v start i * ld floats after their
- * first (one q|k|v matmul's output). A tbq, q4, q4h or lm3 cache is not
- * stored here: the roped keys are written back over k, for its store
- * (cuda_tbq_store, cuda_q4_store, cuda_lm3_store). */
+ * first (one q|k|v matmul's output). A tbq, q4, q4h, lm3 or polar4 cache is
+ * not stored here: the roped keys are written back over k, for its store
+ * (cuda_tbq_store, cuda_q4_store, cuda_lm3_store, cuda_polar4_store). */
 void cuda_qk_rope_store(float *d_q, float *d_k, const float *d_v, int ld, const float *d_qn,
                         const float *d_kn, const float *d_cs, const float *d_sn, void *d_kc, void *d_vc, int fmt,
                         const int *d_pos, int n, int nh, int nkv, int hd, int rot, int cap, float eps);
@@ -133,6 +138,11 @@ void cuda_q4_store(const float *d_k, const float *d_v, int ld, void *d_kc, void 
 /* ---- kv/lm3.cu: twin of lm3's append ---- */
 void cuda_lm3_store(const float *d_k, const float *d_v, int ld, void *d_kc, void *d_vc, const int *d_pos, int n,
                     int nkv, int hd, int cap);
+/* ---- kv/polar4.cu: twin of polar4's append ---- */
+/* The same for a polar4 cache, rotated by d_rot [2, 128, 128] (R, then
+ * Rᵀ: polar4_rotation's matrix of the cache layer, kv/polar4.h). */
+void cuda_polar4_store(const float *d_k, const float *d_v, int ld, void *d_kc, void *d_vc, const float *d_rot,
+                       const int *d_pos, int n, int nkv, int hd, int cap);
 
 /* out [n, I] = silu(gate) * up for gu [n, 2I] holding gate i and up i at
  * 2i and 2i + 1, the output of the gate|up matmul over interleaved rows
@@ -173,13 +183,15 @@ void cuda_matvec(float *d_y, const float *d_x, int xmode, const float *d_nw, flo
  * to part (cuda_attn_part_floats), and the last split to finish merges
  * them, found by counters in count ([n * nkv] ints, zero before the first
  * call; every call leaves them zero).
- * Token i's queries start i * ldq floats after the first. */
+ * Token i's queries start i * ldq floats after the first. A polar4 cache
+ * takes its layer's rotation d_rot (as cuda_polar4_store); other formats
+ * NULL. */
 size_t cuda_attn_part_floats(int n, int nh, int hd, int splits);
 /* Splits for n tokens over cap positions on sm_count SMs (at most 256;
  * 1 writes out directly). */
 int cuda_attn_splits(int n, int nh, int nkv, int hd, int cap, int sm_count);
 void cuda_attention(float *d_out, const float *d_q, int ldq, const void *d_kc, const void *d_vc, int fmt,
-                    const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
+                    const float *d_rot, const int *d_pos, int n, int nh, int nkv, int hd, int cap, float scale, float *d_part,
                     int *d_count, int splits);
 
 /* ---- sample/sampler.cu: twin of sampler_sample ---- */

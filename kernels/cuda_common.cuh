@@ -61,11 +61,12 @@ __device__ __forceinline__ float weight_at(const void *W, int dtype, size_t j) {
 
 /* Bytes of one KV stream of cap positions in format fmt (kernels/cuda.h):
  * q8 in tiles of 16 positions, 17 hd bytes each; tbq (b bits) 2 + 16 b
- * bytes per 128 values, q4 / q4h 18 per 32 and lm3 4 + 3 hd / 8 per
- * vector, for cap rounded up to 32 positions. */
+ * bytes per 128 values, q4 / q4h 18 per 32, lm3 4 + 3 hd / 8 per vector
+ * and polar4 4 + 64 per 128 values, for cap rounded up to 32 positions. */
 __host__ __device__ __forceinline__ size_t kv_stream_bytes(int fmt, int hd, int cap) {
     if (fmt == CUDA_KV_Q8) return (size_t)(cap + 15) / 16 * 17 * hd;
     if (fmt == CUDA_KV_LM3) return (size_t)(cap + 31) / 32 * 32 * (4 + 3 * hd / 8);
+    if (fmt == CUDA_KV_POLAR4) return (size_t)(cap + 31) / 32 * 32 * (hd / 128) * 68;
     if (fmt >= CUDA_KV_Q4) return (size_t)(cap + 31) / 32 * 32 * (hd / 32) * 18;
     if (fmt >= CUDA_KV_TBQ2) return (size_t)(cap + 31) / 32 * 32 * (hd / 128) * (2 + 16 * (fmt - CUDA_KV_TBQ2 + 2));
     return (size_t)cap * hd * (fmt == CUDA_KV_F16 ? 2 : 4);

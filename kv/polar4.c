@@ -20,6 +20,8 @@
  * Blocks are n = 128 values (d = 32, 64: n = d, one n×n matrix), ε = 1e-12
  * (only keeps x = 0 finite). Spec kv_schemes.md, row polar4.
  */
+#include "kv/polar4.h"
+
 #include "kernels/matmul.h"
 #include "kv/hadamard.h"
 #include "kv/lowbit.h"
@@ -54,7 +56,7 @@ static uint64_t splitmix64(uint64_t *s) {
 static double unif(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
 
 /* Fills m[n*n] with the layer's Haar rotation; -1 when out of memory. */
-static int haar(int n, int layer, float *m) {
+int polar4_rotation(int n, int layer, float *m) {
     double *q = malloc(sizeof(double) * (size_t)n * (size_t)n); /* q[j*n + i] = column j, row i */
     if (!q) return -1;
     uint64_t st = 42 + 1000 * (uint64_t)layer;
@@ -90,7 +92,7 @@ static Rot *rot_get(int layer, int n) {
         for (r = rot_cache; r && (r->layer != layer || r->n != n); r = r->next) {}
         if (r) r->refs++;
         else if ((r = calloc(1, sizeof *r)) && (r->m = malloc(sizeof(float) * (size_t)n * (size_t)n)) &&
-                 (r->mt = malloc(sizeof(float) * (size_t)n * (size_t)n)) && haar(n, layer, r->m) == 0) {
+                 (r->mt = malloc(sizeof(float) * (size_t)n * (size_t)n)) && polar4_rotation(n, layer, r->m) == 0) {
             for (int i = 0; i < n; i++)
                 for (int j = 0; j < n; j++) r->mt[j * n + i] = r->m[i * n + j];
             r->layer = layer;

@@ -3,7 +3,9 @@
  * the signed Hadamard rotation of rows held in shared memory, and the
  * unpacking of a block's codes from registers. lm3 (kv/lm3.cu) stores the
  * same 3-bit codes of one 128-value vector, unrotated, behind an fp32
- * norm; q4h (kv/q4.cu) rotates with the unsigned transform.
+ * norm; q4h (kv/q4.cu) rotates with the unsigned transform; polar4
+ * (kv/polar4.cu) stores tbq4's codebook after a dense rotation, behind an
+ * fp32 norm.
  *
  * Data flow: model/gpu.c stores each token's k and v through
  * cuda_tbq_store (rotate, normalise, code: the twin of tbq_append), and
@@ -28,11 +30,13 @@
 /* The tables a tbq kernel takes by value: the block's codebook (N(0,1)
  * Lloyd-Max centroids over √128) and its midpoints, the sign vectors s1
  * and s2 as bit masks (bit i set: entry i is -1), and 1/√128 as the CPU
- * rounds it. */
+ * rounds it; for polar4 the layer's rotation R and its transpose in device
+ * memory ([128, 128] each, row-major). */
 typedef struct {
     float cb[16], mid[15];
     uint32_t s1[4], s2[4];
     float hinv;
+    const float *rm, *rmt;
 } TbqTab;
 
 /* Fills t for b-bit codes (host; kv/tbq.cu, from kv/lloydmax.c and
@@ -42,9 +46,14 @@ void tbq_cuda_tab(int bits, TbqTab *t);
 /* Bits per code of a Lloyd-Max index format (tbq2/3/4, lm3), 0 for the
  * others; and the bytes of its scale before each 128 codes. */
 static __host__ __device__ constexpr int code_bits_of(int fmt) {
-    return fmt >= CUDA_KV_TBQ2 && fmt <= CUDA_KV_TBQ4 ? fmt - CUDA_KV_TBQ2 + 2 : fmt == CUDA_KV_LM3 ? 3 : 0;
+    return fmt >= CUDA_KV_TBQ2 && fmt <= CUDA_KV_TBQ4 ? fmt - CUDA_KV_TBQ2 + 2
+           : fmt == CUDA_KV_LM3                       ? 3
+           : fmt == CUDA_KV_POLAR4                    ? 4
+                                                      : 0;
 }
-static __host__ __device__ constexpr int code_hdr_of(int fmt) { return fmt == CUDA_KV_LM3 ? 4 : 2; }
+static __host__ __device__ constexpr int code_hdr_of(int fmt) {
+    return fmt == CUDA_KV_LM3 || fmt == CUDA_KV_POLAR4 ? 4 : 2;
+}
 
 /* x = ±x by bit i of a 128-entry sign mask: a flip of the sign bit, which
  * is what the CPU's product by -1.0f gives (zeros included). */
@@ -75,6 +84,33 @@ __device__ __forceinline__ void tbq_rotate_rows(float *x, int count, const uint3
         __syncthreads();
     }
     for (int e = tid; e < count; e += nt) x[e] = __fmul_rn(tbq_sign(post, e & 127, x[e]), hinv);
+    __syncthreads();
+}
+
+/* rows x [rows, 128] in shared memory times M [128, 128] in device memory,
+ * in place, then times post: y[r][j] = Σ_i x[r][i] M[i][j], every product
+ * and sum rounded alone in the order of i, as polar4's rot_rows (kv/polar4.c)
+ * makes them, so the bits are the CPU's. Thread j of a block of 128 makes
+ * column j of every row (rows <= MAXR); every thread must call it, and it
+ * waits for what any of them wrote to x before. */
+template <int MAXR>
+__device__ __forceinline__ void polar_rotate_rows(float *x, int rows, const float *__restrict__ M, float post) {
+    const int j = threadIdx.x;
+    float acc[MAXR];
+#pragma unroll
+    for (int r = 0; r < MAXR; r++) acc[r] = 0;
+    __syncthreads();
+#pragma unroll 4
+    for (int i = 0; i < 128; i++) {
+        const float m = __ldg(M + i * 128 + j);
+#pragma unroll
+        for (int r = 0; r < MAXR; r++)
+            if (r < rows) acc[r] = __fadd_rn(acc[r], __fmul_rn(x[r * 128 + i], m));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < MAXR; r++)
+        if (r < rows) x[r * 128 + j] = post == 1.0f ? acc[r] : acc[r] * post;
     __syncthreads();
 }
 

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "kernels/cuda.h"
+#include "kv/polar4.h"
 #include "model/model.h"
 
 /* Tokens per forward call on the device: prefill runs in chunks of this. */
@@ -47,7 +48,7 @@
 #define GPU_SPLIT_KINDS 9
 
 /* The schemes with a CUDA cache, in kernels/cuda.h's order of formats. */
-static const char *const gpu_schemes[] = {"f32", "f16", "q8", "tbq2", "tbq3", "tbq4", "q4", "q4h", "lm3"};
+static const char *const gpu_schemes[] = {"f32", "f16", "q8", "tbq2", "tbq3", "tbq4", "q4", "q4h", "lm3", "polar4"};
 
 int gpu_kv_fmt(const char *name) {
     for (int i = 0; i < (int)(sizeof gpu_schemes / sizeof *gpu_schemes); i++)
@@ -60,7 +61,7 @@ int gpu_supports_kv(const KVSpec *spec, char *err, size_t errlen) {
     for (int i = 0; i < 2; i++)
         if (gpu_kv_fmt(names[i]) < 0) {
             snprintf(err, errlen, "-dev cuda: KV scheme %s has no CUDA kernel yet (f32, f16, q8, q4, q4h, tbq4, tbq3, "
-                     "tbq2 and lm3 do; use -dev cpu)", names[i]);
+                     "tbq2, lm3 and polar4 do; use -dev cpu)", names[i]);
             return -1;
         }
     if (spec->k != spec->v) {
@@ -155,6 +156,7 @@ typedef struct {
     GpuModel *g;
     int fmt, layers, cap; /* fmt: CUDA_KV_* (kernels/cuda.h) */
     char *k, *v;          /* [layers, nkv streams] each (kernels/cuda.h) */
+    float *rot;           /* polar4: [layers][2][128][128], R and Rᵀ of each cache layer; else NULL */
     size_t layer_bytes;
     void *graph[GPU_GRAPH_MAX + 1][GPU_SPLIT_KINDS]; /* by token count and splits, captured on first use */
 } GpuKV;
@@ -475,8 +477,40 @@ static void kv_dev_free(void *p) {
     for (int i = 0; i <= GPU_GRAPH_MAX; i++)
         for (int k = 0; k < GPU_SPLIT_KINDS; k++) cuda_graph_free(d->graph[i][k]);
     cuda_free(d->k);
+    cuda_free(d->rot);
     free(d);
 }
+
+/* polar4: each cache layer's R and Rᵀ (kv/polar4.h), the matrices the
+ * CPU's streams of that layer use (the MTP cache's one layer is layer 0
+ * there too). */
+static int rot_upload(GpuKV *d, char *err, size_t errlen) {
+    const size_t nn = 128 * 128;
+    float *h = malloc(2 * nn * sizeof(float));
+    if (!h || !(d->rot = cuda_alloc(2 * nn * sizeof(float) * d->layers, "polar4's rotations", err, errlen))) {
+        if (!h) snprintf(err, errlen, "out of memory for polar4's rotations");
+        free(h);
+        return -1;
+    }
+    for (int l = 0; l < d->layers; l++) {
+        if (polar4_rotation(128, l, h)) {
+            snprintf(err, errlen, "out of memory for polar4's rotations");
+            free(h);
+            return -1;
+        }
+        for (size_t i = 0; i < 128; i++)
+            for (size_t j = 0; j < 128; j++) h[nn + j * 128 + i] = h[i * 128 + j];
+        if (cuda_upload(d->rot + 2 * nn * l, h, 2 * nn * sizeof(float), "polar4's rotations", err, errlen)) {
+            free(h);
+            return -1;
+        }
+    }
+    free(h);
+    return 0;
+}
+
+/* The rotation of cache layer cl for the attention and the store. */
+static const float *layer_rot(const GpuKV *d, int cl) { return d->rot ? d->rot + (size_t)cl * 2 * 128 * 128 : NULL; }
 
 int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen) {
     const Config *c = &g->cfg;
@@ -498,6 +532,12 @@ int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, 
     char what[96];
     snprintf(what, sizeof what, "a KV cache of %d positions (-c)", ctx);
     if (!(d->k = cuda_alloc(bytes, what, err, errlen))) {
+        free(d);
+        return -1;
+    }
+    if (d->fmt == CUDA_KV_POLAR4 && rot_upload(d, err, errlen)) {
+        cuda_free(d->k);
+        cuda_free(d->rot);
         free(d);
         return -1;
     }
@@ -530,10 +570,12 @@ static void mm(float *y, const float *x, const DevW *w, int n, int add) {
 
 /* The coded caches' store of n tokens' keys k (roped in place by
  * cuda_qk_rope_store, which stores the other formats itself) and values
- * k + nkv hd, rows ld floats apart, into the layer's caches kc, vc. */
-static void kv_store(const float *k, int ld, char *kc, char *vc, const GpuKV *d, int n, int nkv, int hd) {
+ * k + nkv hd, rows ld floats apart, into cache layer cl (caches kc, vc). */
+static void kv_store(const float *k, int ld, char *kc, char *vc, const GpuKV *d, int cl, int n, int nkv, int hd) {
     const int *pos = d->g->pos;
-    if (d->fmt == CUDA_KV_LM3) cuda_lm3_store(k, k + nkv * hd, ld, kc, vc, pos, n, nkv, hd, d->cap);
+    if (d->fmt == CUDA_KV_POLAR4)
+        cuda_polar4_store(k, k + nkv * hd, ld, kc, vc, layer_rot(d, cl), pos, n, nkv, hd, d->cap);
+    else if (d->fmt == CUDA_KV_LM3) cuda_lm3_store(k, k + nkv * hd, ld, kc, vc, pos, n, nkv, hd, d->cap);
     else if (d->fmt >= CUDA_KV_Q4) cuda_q4_store(k, k + nkv * hd, ld, kc, vc, d->fmt, pos, n, nkv, hd, d->cap);
     else if (d->fmt >= CUDA_KV_TBQ2) cuda_tbq_store(k, k + nkv * hd, ld, kc, vc, d->fmt, pos, n, nkv, hd, d->cap);
 }
@@ -554,8 +596,8 @@ static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, i
     }
     cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn, kc, vc,
                        d->fmt, g->pos, n, nh, nkv, hd, c->rot_dim, d->cap, eps);
-    kv_store(g->qkv + qd, ld, kc, vc, d, n, nkv, hd);
-    cuda_attention(g->att, g->qkv, ld, kc, vc, d->fmt, g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd),
+    kv_store(g->qkv + qd, ld, kc, vc, d, cl, n, nkv, hd);
+    cuda_attention(g->att, g->qkv, ld, kc, vc, d->fmt, layer_rot(d, cl), g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd),
                    g->part, g->count, splits);
     mm(g->x, g->att, &L->wo, n, 1);
     if (fused) cuda_matvec(g->hb, g->x, 1, L->post_norm, eps, L->wgu.d, L->wgu.dtype, L->wgu.rows, H, n, 1, 0);
@@ -656,10 +698,10 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
             case 1:
                 cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn,
                                    d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
-                kv_store(g->qkv + qd, ld, d->k, d->v, d, 1, nkv, hd);
+                kv_store(g->qkv + qd, ld, d->k, d->v, d, 0, 1, nkv, hd);
                 break;
             case 2:
-                cuda_attention(g->att, g->qkv, ld, d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, d->cap,
+                cuda_attention(g->att, g->qkv, ld, d->k, d->v, d->fmt, layer_rot(d, 0), g->pos, 1, nh, nkv, hd, d->cap,
                                1.0f / sqrtf((float)hd), g->part, g->count, splits);
                 break;
             case 3: mm(g->x, g->att, &L->wo, 1, 1); break;

@@ -15,6 +15,7 @@
 #include "kernels/half.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
+#include "kv/polar4.h"
 #include "model/gpu.h"
 #include "model/model.h"
 #include "sample/sampler.h"
@@ -23,8 +24,8 @@
 
 /* What the GPU path refuses is decided from the config and the scheme,
  * on any machine: Qwen3.5's hybrid, head dims other than 128 and 256, and
- * the compressed schemes but q8, q4, q4h, tbq and lm3 (so far; the last
- * three at head dim 128), and a K/V pair of two schemes. */
+ * the compressed schemes but q8, q4, q4h, tbq, lm3 and polar4 (so far;
+ * the last four at head dim 128), and a K/V pair of two schemes. */
 Test(cuda, what_the_gpu_refuses) {
     static const struct {
         const char *model, *kv, *says;
@@ -38,8 +39,10 @@ Test(cuda, what_the_gpu_refuses) {
         {"models/qwen3-kjv-mtp", "q4", NULL},
         {"models/qwen3-kjv-mtp", "q4h", NULL},
         {"models/qwen3-kjv-mtp", "lm3", NULL},
-        {"models/qwen3-kjv-mtp", "polar4", "KV scheme polar4 has no CUDA kernel yet"},
+        {"models/qwen3-kjv-mtp", "polar4", NULL},
+        {"models/qwen3-kjv-mtp", "polar4/tbq4", "K and V in different schemes"},
         {"models/qwen3-kjv-mtp", "kivi2", "KV scheme kivi2 has no CUDA kernel yet"},
+        {"models/qwen3-kjv-mtp", "kivi4", "KV scheme kivi4 has no CUDA kernel yet"},
         {"models/qwen35-kjv-mtp", "f16", "Gated DeltaNet"},
         {"tests/data/fixtures/tiny", "f16", "head_dim 32"},
     };
@@ -92,6 +95,17 @@ static void down(void *h, const void *d, size_t bytes) {
     char err[256];
     cr_assert_eq(cuda_sync("test", err, sizeof err), 0, "%s", err);
     cr_assert_eq(cuda_download(h, d, bytes, "test data", err, sizeof err), 0, "%s", err);
+}
+
+/* polar4's rotation of cache layer 0, R then Rᵀ, on the device (as
+ * model/gpu.c uploads them); NULL for the other formats. */
+static float *rot_up(int fmt) {
+    if (fmt != CUDA_KV_POLAR4) return NULL;
+    static float m[2 * 128 * 128];
+    cr_assert_eq(polar4_rotation(128, 0, m), 0);
+    for (int i = 0; i < 128; i++)
+        for (int j = 0; j < 128; j++) m[128 * 128 + j * 128 + i] = m[i * 128 + j];
+    return up(m, sizeof m);
 }
 
 /* max |a - b| over max |b| (relative to the reference's scale). */
@@ -256,7 +270,7 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
     float gk[n][nkv][hd]; /* the GPU's keys, from the f32 pass, for the q8 pass's CPU quantizer */
     float qkv[n * ld], qn[hd], kn[hd];
     fill(qkv, n * ld), fill(qn, hd), fill(kn, hd);
-    for (int fmt = 0; fmt <= CUDA_KV_LM3; fmt++) {
+    for (int fmt = 0; fmt <= CUDA_KV_POLAR4; fmt++) {
         const int f16 = fmt == CUDA_KV_F16;
         float *cs = malloc((size_t)cap * half * 4), *sn = malloc((size_t)cap * half * 4);
         for (int p = 0; p < cap; p++)
@@ -276,7 +290,7 @@ Test(cuda, qk_rope_store_matches_rmsnorm_and_rope) {
         down(gq, dq, sizeof gq);
         down(kc, dkc, cbytes), down(vc, dvc, cbytes);
         if (fmt >= CUDA_KV_TBQ2)
-            /* tbq, q4, q4h, lm3: the roped keys stay in the q|k|v rows for
+            /* tbq, q4, q4h, lm3, polar4: the roped keys stay in the q|k|v rows for
              * their store, as the f32 pass stored them */
             for (int i = 0; i < n; i++)
                 for (int h = 0; h < nkv; h++)
@@ -396,12 +410,13 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
     int *dcount = up(NULL, (size_t)n * nkv * sizeof(int));
     cuda_memset(dcount, 0, (size_t)n * nkv * sizeof(int));
     int *dpos = up(&pos, sizeof pos);
-    cuda_attention(dout, dq, nh * hd, dkc, dvc, fmt, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
+    float *drot = rot_up(fmt);
+    cuda_attention(dout, dq, nh * hd, dkc, dvc, fmt, drot, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
                    dcount, splits);
     down(got, dout, (size_t)n * nh * hd * 4);
     /* again over the same scratch: its split counters were left at zero */
     float *again = malloc((size_t)n * nh * hd * 4);
-    cuda_attention(dout, dq, nh * hd, dkc, dvc, fmt, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
+    cuda_attention(dout, dq, nh * hd, dkc, dvc, fmt, drot, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
                    dcount, splits);
     down(again, dout, (size_t)n * nh * hd * 4);
     cr_expect(memcmp(got, again, (size_t)n * nh * hd * 4) == 0, "a second call over the same scratch differs");
@@ -417,20 +432,20 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
                   scheme, hd, nkv, gqa, pos, n, r / nh, r % nh, sqrt(d / w));
     }
     cuda_free(dkc), cuda_free(dvc), cuda_free(dq), cuda_free(dout), cuda_free(dpart), cuda_free(dcount);
-    cuda_free(dpos);
+    cuda_free(dpos), cuda_free(drot);
     free(K), free(Vv), free(q), free(want), free(got), free(kc), free(vc);
 }
 
 Test(cuda, attention_matches_attn_group_ref) {
     need_gpu();
-    const char *schemes[] = {"f32", "f16", "q8", "tbq4", "tbq3", "tbq2", "q4", "q4h", "lm3"};
+    const char *schemes[] = {"f32", "f16", "q8", "tbq4", "tbq3", "tbq2", "q4", "q4h", "lm3", "polar4"};
     /* decode (both variants), verification, prefill chunks, a context of
      * one position, lengths off the 32-position runs */
     const int cases[][4] = {/* gqa, pos, n, nkv */ {1, 0, 1, 2},   {2, 1000, 1, 8}, {4, 333, 1, 8}, {6, 129, 3, 2},
                             {2, 300, 5, 2},   {4, 50, 37, 2},  {2, 0, 70, 1},   {8, 4095, 1, 4},
                             {2, 5000, 4, 8},  {16, 77, 2, 1}};
-    for (int s = 0; s < 9; s++)
-        for (int hd = 128; hd <= (s < 6 ? 256 : 128); hd *= 2) /* q4, q4h, lm3: 128 only */
+    for (int s = 0; s < 10; s++)
+        for (int hd = 128; hd <= (s < 6 ? 256 : 128); hd *= 2) /* q4, q4h, lm3, polar4: 128 only */
             for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
                 if (cases[c][0] <= (hd == 128 ? 16 : 8))
                     check_attention(schemes[s], hd, cases[c][3], cases[c][0], cases[c][1], cases[c][2], 0);
@@ -441,12 +456,13 @@ Test(cuda, attention_matches_attn_group_ref) {
     check_attention("tbq4", 128, 2, 4, 40000, 1, 256);
     check_attention("tbq3", 256, 2, 2, 700, 3, 256);
     check_attention("q4h", 128, 2, 4, 40000, 1, 256);
+    check_attention("polar4", 128, 2, 4, 40000, 1, 256);
 }
 
-/* kv/tbq.cu, kv/q4.cu and kv/lm3.cu against the CPU's appends: the same
- * rows give the same bytes, for tbq's 2, 3 and 4 bits at head dims 128 and
- * 256 (two blocks) and q4, q4h, lm3 at 128, with a zero row and rows a
- * thousand times larger and smaller than the rest. */
+/* kv/tbq.cu, kv/q4.cu, kv/lm3.cu and kv/polar4.cu against the CPU's
+ * appends: the same rows give the same bytes, for tbq's 2, 3 and 4 bits at
+ * head dims 128 and 256 (two blocks) and q4, q4h, lm3, polar4 at 128, with
+ * a zero row and rows a thousand times larger and smaller than the rest. */
 Test(cuda, coded_stores_match_the_cpu_appends) {
     need_gpu();
     enum { n = 5, nkv = 3 };
@@ -463,15 +479,16 @@ Test(cuda, coded_stores_match_the_cpu_appends) {
                 if (i == 2) *x *= 1000;
                 if (i == 3) *x *= 1e-3f;
             }
-        for (int fmt = CUDA_KV_TBQ2; fmt <= (hd == 128 ? CUDA_KV_LM3 : CUDA_KV_TBQ4); fmt++) {
-            static const char *const names[] = {"tbq2", "tbq3", "tbq4", "q4", "q4h", "lm3"};
+        for (int fmt = CUDA_KV_TBQ2; fmt <= (hd == 128 ? CUDA_KV_POLAR4 : CUDA_KV_TBQ4); fmt++) {
+            static const char *const names[] = {"tbq2", "tbq3", "tbq4", "q4", "q4h", "lm3", "polar4"};
             const char *scheme = names[fmt - CUDA_KV_TBQ2];
             const size_t sb = cuda_kv_stream_bytes(fmt, hd, cap);
             float *drows = up(rows, (size_t)n * ld * 4);
             int *dpos = up(&pos, sizeof pos);
             void *dkc = up(NULL, nkv * sb), *dvc = up(NULL, nkv * sb);
-            float *dk = drows + nkv * hd, *dv = drows + 2 * nkv * hd;
-            if (fmt == CUDA_KV_LM3) cuda_lm3_store(dk, dv, ld, dkc, dvc, dpos, n, nkv, hd, cap);
+            float *dk = drows + nkv * hd, *dv = drows + 2 * nkv * hd, *drot = rot_up(fmt);
+            if (fmt == CUDA_KV_POLAR4) cuda_polar4_store(dk, dv, ld, dkc, dvc, drot, dpos, n, nkv, hd, cap);
+            else if (fmt == CUDA_KV_LM3) cuda_lm3_store(dk, dv, ld, dkc, dvc, dpos, n, nkv, hd, cap);
             else if (fmt >= CUDA_KV_Q4) cuda_q4_store(dk, dv, ld, dkc, dvc, fmt, dpos, n, nkv, hd, cap);
             else cuda_tbq_store(dk, dv, ld, dkc, dvc, fmt, dpos, n, nkv, hd, cap);
             uint8_t *kc = malloc(nkv * sb), *vc = malloc(nkv * sb);
@@ -496,7 +513,7 @@ Test(cuda, coded_stores_match_the_cpu_appends) {
                     }
                     kv_stream_free(&s);
                 }
-            cuda_free(drows), cuda_free(dpos), cuda_free(dkc), cuda_free(dvc);
+            cuda_free(drows), cuda_free(dpos), cuda_free(dkc), cuda_free(dvc), cuda_free(drot);
             free(kc), free(vc);
         }
         free(rows);
@@ -761,9 +778,9 @@ Test(cuda, coded_cache_logits_match_the_cpu, .timeout = 120) {
     static const char *const isa[] = {"ref", "avx2", "avx512", "avx512vnni"};
     const int level = kernels_level();
     if (level > 2) kernels_set_isa("avx512");
-    const char *schemes[] = {"f32", "tbq4", "tbq3", "tbq2", "q4", "q4h", "lm3"};
+    const char *schemes[] = {"f32", "tbq4", "tbq3", "tbq2", "q4", "q4h", "lm3", "polar4"};
     float *ref = NULL;
-    for (int s = 0; s < 7; s++) {
+    for (int s = 0; s < 8; s++) {
         Model cm, gm;
         KVCache ck, gk;
         KVSpec spec;
@@ -810,6 +827,8 @@ Test(cuda, greedy_tokens_match_the_cpu_and_speculation, .timeout = 120) {
          *tbq2spec = run_text("", "-dev cuda -kv tbq2 -spec 3", 1, 1),
          *q4h = run_text("", "-dev cuda -kv q4h -spec 0", 1, 0),
          *q4hspec = run_text("", "-dev cuda -kv q4h -spec 3", 1, 1),
+         *polar4 = run_text("", "-dev cuda -kv polar4 -spec 0", 1, 0),
+         *polar4spec = run_text("", "-dev cuda -kv polar4 -spec 3", 1, 1),
          *cpu_t = run_text("", "-dev cpu -kv f32 -spec 0 -t 0.8 -k 40 -p 0.95 -s 7 --repeat-penalty 1.1", 0, 0),
          *gpu_t = run_text("", "-dev cuda -kv f32 -spec 0 -t 0.8 -k 40 -p 0.95 -s 7 --repeat-penalty 1.1", 1, 0);
     cr_expect_str_eq(gpu, cpu, "GPU greedy text differs from the CPU's");
@@ -821,11 +840,13 @@ Test(cuda, greedy_tokens_match_the_cpu_and_speculation, .timeout = 120) {
     cr_expect_str_eq(tbq4spec, tbq4, "GPU -kv tbq4: -spec 3 differs from -spec 0");
     cr_expect_str_eq(tbq2spec, tbq2, "GPU -kv tbq2: -spec 3 differs from -spec 0");
     cr_expect_str_eq(q4hspec, q4h, "GPU -kv q4h: -spec 3 differs from -spec 0");
+    cr_expect_str_eq(polar4spec, polar4, "GPU -kv polar4: -spec 3 differs from -spec 0");
     /* the same seed draws the same text: the coin falls near a boundary
      * between two tokens' shares (1e-5 wide, to rounding) rarely */
     cr_expect_str_eq(gpu_t, cpu_t, "GPU sampled text (seed 7) differs from the CPU's");
     free(cpu), free(gpu), free(spec), free(plain), free(nopdl), free(f16), free(f16spec), free(q8), free(q8spec);
     free(cpu_t), free(gpu_t), free(tbq4), free(tbq4spec), free(tbq2), free(tbq2spec), free(q4h), free(q4hspec);
+    free(polar4), free(polar4spec);
 }
 
 #endif

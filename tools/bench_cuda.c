@@ -15,7 +15,9 @@
  * the cache bytes a token reads and the bandwidth that reading reached
  * (those bytes over the step's time beyond a step at context 0).
  *
- *   build/bench_cuda [--shape 0.6b|8b|all] [--steps N]
+ *   build/bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes]
+ *
+ * --schemes: only the table over the KV schemes.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,13 +128,13 @@ static void gemm_alone(int rows, int cols, int n) {
 /* Decode over each scheme's cache at 4K, 32K and 128K positions (one
  * cache at a time, made for 128K), against f16 at the same context. */
 static void scheme_table(GpuModel *g, int steps, double bw, double wbytes) {
-    static const char *const names[] = {"f16", "q8", "q4", "q4h", "tbq4", "tbq3", "lm3", "tbq2"};
+    static const char *const names[] = {"f16", "q8", "q4", "q4h", "tbq4", "polar4", "tbq3", "lm3", "tbq2"};
     const int ctxs[] = {4096, 32768, LONG_CTX};
     char err[512];
     double f16[3] = {0, 0, 0};
     printf("| KV scheme | cache bytes / position | tok/s at 4K / 32K / 128K | vs f16 at 4K / 32K / 128K "
            "| roofline at 128K | cache read at 128K, GB/s |\n|---|---|---|---|---|---|\n");
-    for (int s = 0; s < 8; s++) {
+    for (int s = 0; s < (int)(sizeof names / sizeof *names); s++) {
         KVCache kv;
         KVSpec spec = {kv_find(names[s]), kv_find(names[s]), {0, 0}, {0, 0}};
         if (gpu_kv_init(g, &kv, &spec, LONG_CTX + 64, 0, err, sizeof err)) die(names[s], err);
@@ -152,13 +154,19 @@ static void scheme_table(GpuModel *g, int steps, double bw, double wbytes) {
     }
 }
 
-static void bench_shape(const char *name, int steps, double bw) {
+static void bench_shape(const char *name, int steps, double bw, int schemes_only) {
     char err[512];
     Config c = shape(name);
     size_t free0 = 0, total = 0, free1 = 0;
     cuda_mem(&free0, &total);
     GpuModel *g;
     if (gpu_model_random(&g, &c, 1, err, sizeof err)) die(name, err);
+    if (schemes_only) {
+        printf("\n%s shape: decode over each KV scheme\n", name);
+        scheme_table(g, steps, bw, step_weight_bytes(&c));
+        gpu_model_free(g);
+        return;
+    }
     KVCache kv;
     KVSpec spec = {kv_find("f16"), kv_find("f16"), {0, 0}, {0, 0}};
     const int cap = 32768 + 64;
@@ -260,12 +268,13 @@ static void bench_shape(const char *name, int steps, double bw) {
 
 int main(int argc, char **argv) {
     const char *which = "all";
-    int steps = 50;
+    int steps = 50, schemes_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) which = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--schemes")) schemes_only = 1;
         else {
-            fprintf(stderr, "usage: bench_cuda [--shape 0.6b|8b|all] [--steps N]\n");
+            fprintf(stderr, "usage: bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes]\n");
             return 2;
         }
     }
@@ -279,7 +288,7 @@ int main(int argc, char **argv) {
     const double bw = cuda_copy_gbps((size_t)1 << 30);
     printf("device: %s, sm_%d%d, %d SMs, %.1f GB; device-to-device copy %.0f GB/s (read + write)\n", info.name,
            info.cc_major, info.cc_minor, info.sm_count, info.mem_total / 1e9, bw);
-    if (!strcmp(which, "all") || !strcmp(which, "0.6b")) bench_shape("0.6b", steps, bw);
-    if (!strcmp(which, "all") || !strcmp(which, "8b")) bench_shape("8b", steps, bw);
+    if (!strcmp(which, "all") || !strcmp(which, "0.6b")) bench_shape("0.6b", steps, bw, schemes_only);
+    if (!strcmp(which, "all") || !strcmp(which, "8b")) bench_shape("8b", steps, bw, schemes_only);
     return 0;
 }

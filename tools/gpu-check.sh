@@ -47,8 +47,8 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
     echo "== -dev cuda -kv q8, greedy, -spec 0 and 3; sampled (seed 7) on both devices"
     for s in 0 3; do timeout 60 "$BUILD/run" -dev cuda -kv q8 -t 0 -n 64 -spec $s -i "And God said"; done
     for dev in cpu cuda; do timeout 60 "$BUILD/run" -dev $dev -kv f32 -t 0.8 -k 40 -p 0.95 -s 7 -n 64 -i "And God said"; done
-    echo "== tbq4 and q4h, greedy, cpu then cuda -spec 0 and 3; ppl cpu then cuda"
-    for kv in tbq4 q4h; do
+    echo "== tbq4, q4h and polar4, greedy, cpu then cuda -spec 0 and 3; ppl cpu then cuda"
+    for kv in tbq4 q4h polar4; do
         timeout 60 "$BUILD/run" -dev cpu -kv $kv -t 0 -n 64 -spec 0 -i "And God said"
         for s in 0 3; do timeout 60 "$BUILD/run" -dev cuda -kv $kv -t 0 -n 64 -spec $s -i "And God said"; done
         for dev in cpu cuda; do
@@ -56,7 +56,7 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
         done
     done
     echo "== refusals (usage errors: exit 2)"
-    timeout 30 "$BUILD/run" -dev cuda -kv polar4 -n 4; echo "exit $?"
+    timeout 30 "$BUILD/run" -dev cuda -kv kivi2 -n 4; echo "exit $?"
     timeout 30 "$BUILD/run" -dev cuda -m kvstats -i "In the beginning"; echo "exit $?"
     echo "== auto"
     timeout 60 "$BUILD/run" -n 16 -t 0
@@ -67,4 +67,5 @@ log "cli: $(grep -c '^stats:' "$OUT/cli.txt") stats lines; $speeds"
 timeout 150 "$BUILD/bench_cuda" > "$OUT/bench.txt" 2>&1
 log "bench: exit $?"
 cat "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
+
 exit $rc
