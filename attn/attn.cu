@@ -41,9 +41,10 @@
  * position k on its own (its codes as words in registers, each value
  * decoded once for every query row: no shuffles), then each lane sums its
  * hd / 32 dims of every position. Rotated formats (tbq, q4h, polar4)
- * rotate the queries in once per block and the output back once per row,
- * never a cached row: scores and sums happen in the rotated domain
- * (kv/tbq.cuh). polar4's scale is γ / ‖cb[idx]‖ of the block: the lane
+ * rotate the queries in once per block (polar4's come rotated from its
+ * store, kv/polar4.cu: a dense rotation is a matrix every block would
+ * read) and the outputs back once, never a cached row: scores and sums
+ * happen in the rotated domain (kv/tbq.cuh). polar4's scale is γ / ‖cb[idx]‖ of the block: the lane
  * that scores a position sums its codes' squares beside the dot products,
  * and the lane that folds a position's value scale into its weight sums
  * them over the value row.
@@ -238,13 +239,11 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
         for (int e = tid; e < (ALL ? MAXR : R) * HD; e += 32 * AT_WARPS) {
             const int r = e / HD, d = e % HD;
             const float x = r < R ? q[(size_t)(i0 + r / gqa) * ldq + (size_t)(h * gqa + r % gqa) * HD + d] : 0.0f;
-            qs[e] = ROT ? x : x * scale;
+            qs[e] = ROT && !POL ? x : x * scale;
         }
         if (TB && tid < 16) cbs[tid] = tab.cb[tid];
         __syncthreads();
-        if constexpr (POL) {
-            polar_rotate_rows<MAXR>(qs, R, tab.rm, scale); /* q·R, then scaled */
-        } else if constexpr (ROT) {
+        if constexpr (ROT && !POL) {
             /* into the keys' domain, then scaled (kv_to_domain_scaled's order;
              * q4h's rotation has no signs: its table's masks are zero) */
             tbq_rotate_rows(qs, R * HD, tab.s1, tab.s2, tab.hinv);
@@ -681,16 +680,19 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
 #pragma unroll 8
             for (int j = 0; j < splits; j++)
                 if (wsp[j] != 0) num = fmaf(wsp[j], __ldcg(pacc + (at + j) * HD + d), num); /* empty: never written */
-            if (ROT) sm[d] = num / den;
+            if (ROT) sm[r * HD + d] = num / den; /* rotated back below, all rows at once */
             else out[row * HD + d] = num / den;
         }
-        if (ROT) {
-            /* back from the values' domain */
-            if constexpr (POL) polar_rotate_rows<1>(sm, 1, tab.rmt, 1.0f);
-            else tbq_rotate_rows(sm, HD, tab.s2, tab.s1, tab.hinv);
-            for (int d = tid; d < HD; d += 32 * AT_WARPS) out[row * HD + d] = sm[d];
-        }
         __syncthreads(); /* wsp and red are rewritten for the next row */
+    }
+    if (ROT) {
+        /* back from the values' domain */
+        if constexpr (POL) polar_rotate_rows<MAXR>(sm, R, tab.rmt, 1.0f);
+        else tbq_rotate_rows(sm, R * HD, tab.s2, tab.s1, tab.hinv);
+        for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
+            const int r = e / HD;
+            out[((size_t)(i0 + r / gqa) * nh + h * gqa + r % gqa) * HD + e % HD] = sm[e];
+        }
     }
 }
 

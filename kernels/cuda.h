@@ -140,9 +140,11 @@ void cuda_lm3_store(const float *d_k, const float *d_v, int ld, void *d_kc, void
                     int nkv, int hd, int cap);
 /* ---- kv/polar4.cu: twin of polar4's append ---- */
 /* The same for a polar4 cache, rotated by d_rot [2, 128, 128] (R, then
- * Rᵀ: polar4_rotation's matrix of the cache layer, kv/polar4.h). */
-void cuda_polar4_store(const float *d_k, const float *d_v, int ld, void *d_kc, void *d_vc, const float *d_rot,
-                       const int *d_pos, int n, int nkv, int hd, int cap);
+ * Rᵀ: polar4_rotation's matrix of the cache layer, kv/polar4.h); and,
+ * where d_q is not NULL, token i's queries d_q + i ld [nh, hd] rotated by
+ * R in place, as cuda_attention takes them over a polar4 cache. */
+void cuda_polar4_store(float *d_q, int nh, const float *d_k, const float *d_v, int ld, void *d_kc, void *d_vc,
+                       const float *d_rot, const int *d_pos, int n, int nkv, int hd, int cap);
 
 /* out [n, I] = silu(gate) * up for gu [n, 2I] holding gate i and up i at
  * 2i and 2i + 1, the output of the gate|up matmul over interleaved rows
@@ -183,9 +185,10 @@ void cuda_matvec(float *d_y, const float *d_x, int xmode, const float *d_nw, flo
  * to part (cuda_attn_part_floats), and the last split to finish merges
  * them, found by counters in count ([n * nkv] ints, zero before the first
  * call; every call leaves them zero).
- * Token i's queries start i * ldq floats after the first. A polar4 cache
- * takes its layer's rotation d_rot (as cuda_polar4_store); other formats
- * NULL. */
+ * Token i's queries start i * ldq floats after the first. Over a polar4
+ * cache the queries come rotated by R (cuda_polar4_store) and d_rot is the
+ * layer's rotation (the output is rotated back by its Rᵀ); other formats
+ * take NULL. */
 size_t cuda_attn_part_floats(int n, int nh, int hd, int splits);
 /* Splits for n tokens over cap positions on sm_count SMs (at most 256;
  * 1 writes out directly). */

@@ -100,9 +100,9 @@ __device__ __forceinline__ void polar_rotate_rows(float *x, int rows, const floa
 #pragma unroll
     for (int r = 0; r < MAXR; r++) acc[r] = 0;
     __syncthreads();
-#pragma unroll 4
+#pragma unroll 16
     for (int i = 0; i < 128; i++) {
-        const float m = __ldg(M + i * 128 + j);
+        const float m = __ldg(M + i * 128 + j); /* 16 loads in flight: M comes from L2 */
 #pragma unroll
         for (int r = 0; r < MAXR; r++)
             if (r < rows) acc[r] = __fadd_rn(acc[r], __fmul_rn(x[r * 128 + i], m));

@@ -570,11 +570,13 @@ static void mm(float *y, const float *x, const DevW *w, int n, int add) {
 
 /* The coded caches' store of n tokens' keys k (roped in place by
  * cuda_qk_rope_store, which stores the other formats itself) and values
- * k + nkv hd, rows ld floats apart, into cache layer cl (caches kc, vc). */
-static void kv_store(const float *k, int ld, char *kc, char *vc, const GpuKV *d, int cl, int n, int nkv, int hd) {
+ * k + nkv hd, rows ld floats apart, into cache layer cl (caches kc, vc);
+ * polar4 also rotates the queries q [n, nh, hd] in place for the attention. */
+static void kv_store(float *q, int nh, const float *k, int ld, char *kc, char *vc, const GpuKV *d, int cl, int n,
+                     int nkv, int hd) {
     const int *pos = d->g->pos;
     if (d->fmt == CUDA_KV_POLAR4)
-        cuda_polar4_store(k, k + nkv * hd, ld, kc, vc, layer_rot(d, cl), pos, n, nkv, hd, d->cap);
+        cuda_polar4_store(q, nh, k, k + nkv * hd, ld, kc, vc, layer_rot(d, cl), pos, n, nkv, hd, d->cap);
     else if (d->fmt == CUDA_KV_LM3) cuda_lm3_store(k, k + nkv * hd, ld, kc, vc, pos, n, nkv, hd, d->cap);
     else if (d->fmt >= CUDA_KV_Q4) cuda_q4_store(k, k + nkv * hd, ld, kc, vc, d->fmt, pos, n, nkv, hd, d->cap);
     else if (d->fmt >= CUDA_KV_TBQ2) cuda_tbq_store(k, k + nkv * hd, ld, kc, vc, d->fmt, pos, n, nkv, hd, d->cap);
@@ -596,7 +598,7 @@ static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, i
     }
     cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn, kc, vc,
                        d->fmt, g->pos, n, nh, nkv, hd, c->rot_dim, d->cap, eps);
-    kv_store(g->qkv + qd, ld, kc, vc, d, cl, n, nkv, hd);
+    kv_store(g->qkv, nh, g->qkv + qd, ld, kc, vc, d, cl, n, nkv, hd);
     cuda_attention(g->att, g->qkv, ld, kc, vc, d->fmt, layer_rot(d, cl), g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd),
                    g->part, g->count, splits);
     mm(g->x, g->att, &L->wo, n, 1);
@@ -698,7 +700,7 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
             case 1:
                 cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn,
                                    d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
-                kv_store(g->qkv + qd, ld, d->k, d->v, d, 0, 1, nkv, hd);
+                kv_store(g->qkv, nh, g->qkv + qd, ld, d->k, d->v, d, 0, 1, nkv, hd);
                 break;
             case 2:
                 cuda_attention(g->att, g->qkv, ld, d->k, d->v, d->fmt, layer_rot(d, 0), g->pos, 1, nh, nkv, hd, d->cap,

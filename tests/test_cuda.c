@@ -99,13 +99,24 @@ static void down(void *h, const void *d, size_t bytes) {
 
 /* polar4's rotation of cache layer 0, R then Rᵀ, on the device (as
  * model/gpu.c uploads them); NULL for the other formats. */
+static float rot_m[2 * 128 * 128];
 static float *rot_up(int fmt) {
     if (fmt != CUDA_KV_POLAR4) return NULL;
-    static float m[2 * 128 * 128];
-    cr_assert_eq(polar4_rotation(128, 0, m), 0);
+    cr_assert_eq(polar4_rotation(128, 0, rot_m), 0);
     for (int i = 0; i < 128; i++)
-        for (int j = 0; j < 128; j++) m[128 * 128 + j * 128 + i] = m[i * 128 + j];
-    return up(m, sizeof m);
+        for (int j = 0; j < 128; j++) rot_m[128 * 128 + j * 128 + i] = rot_m[i * 128 + j];
+    return up(rot_m, sizeof rot_m);
+}
+
+/* rows x [rows, 128] times R (rot_up's), in place: y[j] = Σ_i x[i] R[i][j]
+ * summed in order, as kv/polar4.c's rot_rows. */
+static void rot_rows_host(float *x, int rows) {
+    for (int r = 0; r < rows; r++, x += 128) {
+        float t[128] = {0};
+        for (int i = 0; i < 128; i++)
+            for (int j = 0; j < 128; j++) t[j] += x[i] * rot_m[i * 128 + j];
+        memcpy(x, t, sizeof t);
+    }
 }
 
 /* max |a - b| over max |b| (relative to the reference's scale). */
@@ -411,6 +422,14 @@ static void check_attention(const char *scheme, int hd, int nkv, int gqa, int po
     cuda_memset(dcount, 0, (size_t)n * nkv * sizeof(int));
     int *dpos = up(&pos, sizeof pos);
     float *drot = rot_up(fmt);
+    if (drot) {
+        /* polar4 attends queries rotated by its store */
+        float *qr = malloc((size_t)n * nh * hd * 4);
+        memcpy(qr, q, (size_t)n * nh * hd * 4);
+        rot_rows_host(qr, n * nh);
+        cr_assert_eq(cuda_upload(dq, qr, (size_t)n * nh * hd * 4, "test data", err, sizeof err), 0, "%s", err);
+        free(qr);
+    }
     cuda_attention(dout, dq, nh * hd, dkc, dvc, fmt, drot, dpos, n, nh, nkv, hd, cap, 1.0f / sqrtf((float)hd), dpart,
                    dcount, splits);
     down(got, dout, (size_t)n * nh * hd * 4);
@@ -487,7 +506,19 @@ Test(cuda, coded_stores_match_the_cpu_appends) {
             int *dpos = up(&pos, sizeof pos);
             void *dkc = up(NULL, nkv * sb), *dvc = up(NULL, nkv * sb);
             float *dk = drows + nkv * hd, *dv = drows + 2 * nkv * hd, *drot = rot_up(fmt);
-            if (fmt == CUDA_KV_POLAR4) cuda_polar4_store(dk, dv, ld, dkc, dvc, drot, dpos, n, nkv, hd, cap);
+            if (fmt == CUDA_KV_POLAR4) {
+                /* the first nkv heads of each row as queries (one per kv head), rotated in place */
+                cuda_polar4_store(drows, nkv, dk, dv, ld, dkc, dvc, drot, dpos, n, nkv, hd, cap);
+                float *got = malloc((size_t)n * ld * 4), *want = malloc((size_t)nkv * hd * 4);
+                down(got, drows, (size_t)n * ld * 4);
+                for (int i = 0; i < n; i++) {
+                    memcpy(want, rows + (size_t)i * ld, (size_t)nkv * hd * 4);
+                    rot_rows_host(want, nkv);
+                    cr_expect(memcmp(got + (size_t)i * ld, want, (size_t)nkv * hd * 4) == 0,
+                              "polar4: token %d's queries rotated otherwise than rot_rows", i);
+                }
+                free(got), free(want);
+            }
             else if (fmt == CUDA_KV_LM3) cuda_lm3_store(dk, dv, ld, dkc, dvc, dpos, n, nkv, hd, cap);
             else if (fmt >= CUDA_KV_Q4) cuda_q4_store(dk, dv, ld, dkc, dvc, fmt, dpos, n, nkv, hd, cap);
             else cuda_tbq_store(dk, dv, ld, dkc, dvc, fmt, dpos, n, nkv, hd, cap);
