@@ -183,7 +183,7 @@ static void usage(FILE *f) {
             "                   logits move by about 0.5%%; a bf16 model read into memory needed)\n"
             "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the same\n"
             "  -dev DEVICE      cpu | cuda (the whole forward, the cache and sampling on GPU 0; -kv\n"
-            "                   f32, f16, q8, q4, q4h, tbq4/3/2 or lm3; every mode but kvstats) |\n"
+            "                   f32, f16, q8, q4, q4h, tbq4/3/2, lm3 or polar4; every mode but kvstats) |\n"
             "                   auto (default: cuda when this binary has it, a GPU is there and the\n"
             "                   run is one it takes, else cpu) (--device)\n"
             "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the\n"

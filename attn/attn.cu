@@ -39,8 +39,10 @@
  * Lloyd-Max indices, q4 and q4h's nibbles) are staged 32 rows at a time
  * into shared memory by asynchronous copies, a run ahead. Lane k scores
  * position k on its own (its codes as words in registers, each value
- * decoded once for every query row: no shuffles), then each lane sums its
- * hd / 32 dims of every position. Rotated formats (tbq, q4h, polar4)
+ * decoded once for every query row: no shuffles; tbq4 at head dim 128 in
+ * integers, its codebook bytes against 8-bit queries by dp4a, the
+ * arithmetic of the CPU's VNNI kernels), then each lane sums its hd / 32
+ * dims of every position. Rotated formats (tbq, q4h, polar4)
  * rotate the queries in once per block (polar4's come rotated from its
  * store, kv/polar4.cu: a dense rotation is a matrix every block would
  * read) and the outputs back once, never a cached row: scores and sums
@@ -204,6 +206,8 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
     constexpr bool Q4F = FMT == CUDA_KV_Q4 || FMT == CUDA_KV_Q4H, STG = TB || Q4F;
     constexpr bool ROT = (TB && FMT != CUDA_KV_LM3) || FMT == CUDA_KV_Q4H;
     constexpr bool POL = FMT == CUDA_KV_POLAR4; /* dense rotation; scale γ / ‖cb[idx]‖ */
+    /* tbq4 at head dim 128 scores in integers, as the CPU's VNNI kernels */
+    constexpr bool I8 = FMT == CUDA_KV_TBQ4 && HD == 128;
     constexpr int VB = Q4F ? HD / 32 * 18 : HD / 128 * BB, STW = STG ? 32 * VB + 16 : 0;
     constexpr int MAIN = MAXR * HD + AT_WARPS * MAXR * 32 + AT_WARPS * 2 * STW / 4, MERGE = AT_WARPS * MAXR * HD;
     constexpr bool ALL = MAXR == AT_SMALL && FMT <= CUDA_KV_F16; /* the coded formats' rows cost arithmetic */
@@ -212,6 +216,8 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
     __shared__ __align__(16) float sm[MAIN > MERGE ? MAIN : MERGE];
     __shared__ float wm[AT_WARPS][MAXR], wl[AT_WARPS][MAXR];
     __shared__ float cbs[16]; /* the index formats' codebook */
+    __shared__ __align__(16) int qi8[I8 ? MAXR * 32 : 4]; /* I8: each row's queries as bytes, 4 a word */
+    __shared__ float qinv[MAXR];                          /* I8: 1 / (the row's byte scale · cb8_s) */
     float *qs = sm, *ps = sm + MAXR * HD;
     uint8_t *kst = (uint8_t *)(sm + MAXR * HD + AT_WARPS * MAXR * 32) + (threadIdx.x >> 5) * 2 * STW, *vst = kst + STW;
     pdl_wait(); /* the position, the queries and the rows just stored */
@@ -248,6 +254,21 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
              * q4h's rotation has no signs: its table's masks are zero) */
             tbq_rotate_rows(qs, R * HD, tab.s1, tab.s2, tab.hinv);
             for (int e = tid; e < R * HD; e += 32 * AT_WARPS) qs[e] *= scale;
+            __syncthreads();
+        }
+        if constexpr (I8) {
+            /* each row rounded to bytes by 127 / max|q| (kv/lowbit.c's
+             * q8_prep_ref and q_scale, in their order; a row too small for
+             * that scale scores 0), a warp a row, lane l on values 4l .. 4l + 3 */
+            for (int r = warp; r < R; r += AT_WARPS) {
+                const float4 x = *(const float4 *)(qs + r * HD + 4 * lane);
+                const float m = warp_max(fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))));
+                const float s = m > 127.0f / 3.40282347e38f ? __fdiv_rn(127.0f, m) : 0.0f;
+                const int b0 = __float2int_rn(__fmul_rn(x.x, s)), b1 = __float2int_rn(__fmul_rn(x.y, s));
+                const int b2 = __float2int_rn(__fmul_rn(x.z, s)), b3 = __float2int_rn(__fmul_rn(x.w, s));
+                qi8[r * 32 + lane] = (b0 & 0xff) | (b1 & 0xff) << 8 | (b2 & 0xff) << 16 | (int)((unsigned)b3 << 24);
+                if (lane == 0) qinv[r] = s > 0 ? __fdiv_rn(1.0f, __fmul_rn(s, tab.cb8_s)) : 0.0f;
+            }
             __syncthreads();
         }
         constexpr bool F16 = FMT == CUDA_KV_F16;
@@ -325,28 +346,55 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                     float d = code_scale<HB>(blk), n2 = 0; /* n2: polar4's ‖cb[idx]‖² */
                     uint32_t w[NW];
                     code_words(blk + HB, w);
-                    float dot[MAXR];
+                    if constexpr (I8) {
+                        /* 16 codes a step: their codebook bytes (cb8_bytes) against
+                         * 16 query bytes a row, by dp4a; then the integer dot
+                         * times the scale times the row's 1 / (byte scales), as
+                         * lb_score_int_ref rounds them */
+                        int dot8[MAXR];
 #pragma unroll
-                    for (int r = 0; r < MAXR; r++) dot[r] = 0;
+                        for (int r = 0; r < MAXR; r++) dot8[r] = 0;
 #pragma unroll
-                    for (int j = 0; j < 128; j += 4) {
-                        float kv[4];
+                        for (int c = 0; c < NW; c += 2) {
+                            const uint32_t cw[4] = {cb8_bytes(w[c], tab.cb8), cb8_bytes(w[c] >> 16, tab.cb8),
+                                                    cb8_bytes(w[c + 1], tab.cb8), cb8_bytes(w[c + 1] >> 16, tab.cb8)};
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            kv[e] = *(const float *)((const char *)cbs + tbq_code4<TB, NW>(w, j + e));
-                            if (POL) n2 = fmaf(kv[e], kv[e], n2);
+                            for (int r = 0; r < MAXR; r++)
+                                if (r < R) {
+                                    const int4 qq = *(const int4 *)(qi8 + r * 32 + 2 * c);
+                                    dot8[r] = __dp4a((int)cw[0], qq.x, dot8[r]);
+                                    dot8[r] = __dp4a((int)cw[1], qq.y, dot8[r]);
+                                    dot8[r] = __dp4a((int)cw[2], qq.z, dot8[r]);
+                                    dot8[r] = __dp4a((int)cw[3], qq.w, dot8[r]);
+                                }
                         }
 #pragma unroll
                         for (int r = 0; r < MAXR; r++)
-                            if (r < R) {
-                                const float4 qq = *(const float4 *)(qs + r * HD + b * 128 + j);
-                                dot[r] = fmaf(qq.x, kv[0], dot[r]), dot[r] = fmaf(qq.y, kv[1], dot[r]);
-                                dot[r] = fmaf(qq.z, kv[2], dot[r]), dot[r] = fmaf(qq.w, kv[3], dot[r]);
-                            }
-                    }
-                    if (POL) d /= sqrtf(n2);
+                            mine[r] = __fmul_rn(__fmul_rn(__int2float_rn(dot8[r]), d), qinv[r]);
+                    } else {
+                        float dot[MAXR];
 #pragma unroll
-                    for (int r = 0; r < MAXR; r++) mine[r] = b ? fmaf(d, dot[r], mine[r]) : d * dot[r];
+                        for (int r = 0; r < MAXR; r++) dot[r] = 0;
+#pragma unroll
+                        for (int j = 0; j < 128; j += 4) {
+                            float kv[4];
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                kv[e] = *(const float *)((const char *)cbs + tbq_code4<TB, NW>(w, j + e));
+                                if (POL) n2 = fmaf(kv[e], kv[e], n2);
+                            }
+#pragma unroll
+                            for (int r = 0; r < MAXR; r++)
+                                if (r < R) {
+                                    const float4 qq = *(const float4 *)(qs + r * HD + b * 128 + j);
+                                    dot[r] = fmaf(qq.x, kv[0], dot[r]), dot[r] = fmaf(qq.y, kv[1], dot[r]);
+                                    dot[r] = fmaf(qq.z, kv[2], dot[r]), dot[r] = fmaf(qq.w, kv[3], dot[r]);
+                                }
+                        }
+                        if (POL) d /= sqrtf(n2);
+#pragma unroll
+                        for (int r = 0; r < MAXR; r++) mine[r] = b ? fmaf(d, dot[r], mine[r]) : d * dot[r];
+                    }
                 }
             }
             if constexpr (STG) {

@@ -43,6 +43,14 @@ void tbq_cuda_tab(int bits, TbqTab *t) {
         if (had_sign(2, i) < 0) t->s2[i / 32] |= 1u << (i % 32);
     }
     t->hinv = 1.0f / sqrtf(128.0f);
+    if (bits == 4) {
+        /* lb_fmt's cb8 and cb8_s (kv/lowbit.c), less the +128 */
+        float m = 0;
+        for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(t->cb[i]));
+        t->cb8_s = 127.0f / m;
+        for (int i = 0; i < 16; i++)
+            t->cb8[i / 4] |= (uint32_t)(uint8_t)(int8_t)lrintf(t->cb[i] * t->cb8_s) << (8 * (i % 4));
+    }
 }
 
 /* Block (token i, kv head h, role) of hd threads, thread t on element t of

@@ -37,10 +37,15 @@ typedef struct {
     uint32_t s1[4], s2[4];
     float hinv;
     const float *rm, *rmt;
+    /* 4-bit codes' integer scores (attn/attn.cu): the codebook as bytes,
+     * cb8[i] = lrintf(cb[i] · cb8_s) with cb8_s = 127 / max|cb| (kv/lowbit.c's
+     * cb8 less its +128), four to a word, little-endian */
+    uint32_t cb8[4];
+    float cb8_s;
 } TbqTab;
 
 /* Fills t for b-bit codes (host; kv/tbq.cu, from kv/lloydmax.c and
- * kv/hadamard.c, so that both devices use one table). */
+ * kv/hadamard.c, so that both devices use one table; cb8 for b = 4). */
 void tbq_cuda_tab(int bits, TbqTab *t);
 
 /* Bits per code of a Lloyd-Max index format (tbq2/3/4, lm3), 0 for the
@@ -112,6 +117,16 @@ __device__ __forceinline__ void polar_rotate_rows(float *x, int rows, const floa
     for (int r = 0; r < MAXR; r++)
         if (r < rows) x[r * 128 + j] = post == 1.0f ? acc[r] : acc[r] * post;
     __syncthreads();
+}
+
+/* The codebook bytes of the four 4-bit codes in g's low 16 bits (code n at
+ * bits 4n), byte n for code n: two byte permutes pick each code's byte
+ * among entries 0-7 and 8-15 by its low 3 bits, a third keeps the one its
+ * bit 3 names. */
+__device__ __forceinline__ uint32_t cb8_bytes(uint32_t g, const uint32_t (&t)[4]) {
+    const uint32_t sel = g & 0x7777u;
+    const uint32_t lo = __byte_perm(t[0], t[1], sel), hi = __byte_perm(t[2], t[3], sel);
+    return __byte_perm(lo, hi, 0x3210u | ((g >> 1) & 0x4444u));
 }
 
 /* Code j (a compile-time constant once unrolled) of a block whose code

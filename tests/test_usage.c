@@ -281,7 +281,7 @@ Test(usage, device_option) {
     static const struct {
         const char *args, *says;
     } refused[] = {
-        {"-dev cuda -kv polar4 -n 1", "KV scheme polar4 has no CUDA kernel yet"},
+        {"-dev cuda -kv kivi4 -n 1", "KV scheme kivi4 has no CUDA kernel yet"},
         {"-dev cuda -ctk f16 -ctv f32 -n 1", "K and V in different schemes (f16/f32)"},
         {"-dev cuda -m kvstats -i x", "-m kvstats runs on the CPU only"},
         {"-dev cuda -m compare -kv f16,kivi2 -i x", "KV scheme kivi2 has no CUDA kernel yet"},

@@ -11,7 +11,8 @@
 # start there (other system libraries), it builds them with make first.
 # Steps: the device; the CUDA tests (tests/test_cuda.c: every op against
 # its CPU twin, the shipped model against golden logits and the CPU's
-# greedy tokens); the CLI on the GPU; the benchmark (tools/bench_cuda.c).
+# greedy tokens); the CLI on the GPU; the benchmark (tools/bench_cuda.c);
+# with NCU=1, a profile of the decode attention (below).
 # Exit status: that of the tests.
 OUT=${OUT:-gpu-check}
 BUILD=${BUILD:-build-gpu}
@@ -67,5 +68,22 @@ log "cli: $(grep -c '^stats:' "$OUT/cli.txt") stats lines; $speeds"
 timeout 150 "$BUILD/bench_cuda" > "$OUT/bench.txt" 2>&1
 log "bench: exit $?"
 cat "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
+
+# With NCU=1: Nsight Compute's view of one decode attention launch at 128K
+# positions of the 0.6B shape, for f16, tbq4 and polar4 (the scheme
+# table's fourth context: each kernel instance serves one scheme there,
+# and at --steps 1 the first three contexts take 3 x 6 steps x 28 layers
+# of its launches).
+if [ "${NCU:-0}" = 1 ]; then
+    for k in f16:_Z17attn_split_kernelILi128ELi1ELi4E tbq4:_Z17attn_split_kernelILi128ELi5ELi2E \
+             polar4:_Z17attn_split_kernelILi128ELi9ELi2E; do
+        timeout 120 ncu --clock-control none --kernel-name-base mangled -k "regex:${k#*:}" --launch-skip 504 \
+            --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+            --section MemoryWorkloadAnalysis --section WarpStateStats --section InstructionStats \
+            --section Occupancy --section LaunchStats --section SchedulerStats \
+            "$BUILD/bench_cuda" --shape 0.6b --schemes --steps 1 > "$OUT/ncu-${k%%:*}.txt" 2>&1
+        log "ncu ${k%%:*}: exit $?"
+    done
+fi
 
 exit $rc
