@@ -155,7 +155,7 @@ template <int NW> __device__ __forceinline__ void code_words(const uint8_t *c, u
     }
 }
 
-/* A coded block's scale: fp16 (tbq) or fp32 (lm3), its row aligned for it. */
+/* A coded block's scale: fp16 (tbq) or fp32 (lm3, polar4), its row aligned for it. */
 template <int HB> __device__ __forceinline__ float code_scale(const uint8_t *blk) {
     if constexpr (HB == 4) return *(const float *)blk;
     else return f16_f32(*(const uint16_t *)blk);
@@ -197,15 +197,16 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
      * rows or the sums take the registers */
     constexpr int LOOK = MAXR > AT_SMALL || HD > 128 ? 2 : 4;
     constexpr int VLOOK = MAXR > AT_SMALL && HD > 128 ? 4 : 8; /* value rows likewise */
-    /* the index formats (tbq, lm3): bits per code, scale bytes, bytes per
-     * 128-value block; q4 and q4h: rows of hd / 32 blocks of 18 bytes. Both
-     * families are staged (STG: each warp's 32 positions' keys and their
-     * values, 16 bytes over for the last row's unaligned word loads), tbq
-     * and q4h attended in a rotated domain (ROT) */
+    /* the index formats (tbq, lm3, polar4): bits per code, scale bytes,
+     * bytes per 128-value block; q4 and q4h: rows of hd / 32 blocks of 18
+     * bytes. Both families are staged (STG: each warp's 32 positions' keys
+     * and their values, 16 bytes over for the last row's unaligned word
+     * loads), tbq, q4h and polar4 attended in a rotated domain (ROT) */
     constexpr int TB = code_bits_of(FMT), HB = code_hdr_of(FMT), BB = HB + 16 * TB;
     constexpr bool Q4F = FMT == CUDA_KV_Q4 || FMT == CUDA_KV_Q4H, STG = TB || Q4F;
     constexpr bool ROT = (TB && FMT != CUDA_KV_LM3) || FMT == CUDA_KV_Q4H;
     constexpr bool POL = FMT == CUDA_KV_POLAR4; /* dense rotation; scale γ / ‖cb[idx]‖ */
+    static_assert(!POL || 32 * AT_WARPS == 128, "polar_rotate_rows takes one thread per column of R");
     /* tbq4 at head dim 128 scores in integers, as the CPU's VNNI kernels */
     constexpr bool I8 = FMT == CUDA_KV_TBQ4 && HD == 128;
     constexpr int VB = Q4F ? HD / 32 * 18 : HD / 128 * BB, STW = STG ? 32 * VB + 16 : 0;
@@ -292,8 +293,9 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
             float mine[MAXR]; /* this lane's position's score, per row */
 #pragma unroll
             for (int r = 0; r < MAXR; r++) mine[r] = 0;
-            /* tbq and lm3 at head dim 128 (one block): this lane's position's
-             * value scale, which its softmax weight takes (0 past cnt) */
+            /* tbq, lm3 and polar4 at head dim 128 (one block): this lane's
+             * position's value scale (polar4's over ‖cb[idx]‖), which its
+             * softmax weight takes (0 past cnt) */
             float fold = 1.0f;
             if constexpr (STG) {
                 stage_rows<VB>(vst, V, base, cnt, lane);
@@ -370,7 +372,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
                         }
 #pragma unroll
                         for (int r = 0; r < MAXR; r++)
-                            mine[r] = __fmul_rn(__fmul_rn(__int2float_rn(dot8[r]), d), qinv[r]);
+                            if (r < R) mine[r] = __fmul_rn(__fmul_rn(__int2float_rn(dot8[r]), d), qinv[r]);
                     } else {
                         float dot[MAXR];
 #pragma unroll
@@ -673,7 +675,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
         if (ROT && splits == 1) {
             /* back from the values' domain (kv_from_domain_scaled) */
             __syncthreads();
-            if constexpr (POL) polar_rotate_rows<MAXR>(sm, R, tab.rmt, 1.0f);
+            if constexpr (POL) polar_rotate_rows<MAXR>(sm, R, tab.rmt);
             else tbq_rotate_rows(sm, R * HD, tab.s2, tab.s1, tab.hinv);
             for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
                 const int r = e / HD;
@@ -735,7 +737,7 @@ __global__ void __launch_bounds__(32 * AT_WARPS) attn_split_kernel(float *out, f
     }
     if (ROT) {
         /* back from the values' domain */
-        if constexpr (POL) polar_rotate_rows<MAXR>(sm, R, tab.rmt, 1.0f);
+        if constexpr (POL) polar_rotate_rows<MAXR>(sm, R, tab.rmt);
         else tbq_rotate_rows(sm, R * HD, tab.s2, tab.s1, tab.hinv);
         for (int e = tid; e < R * HD; e += 32 * AT_WARPS) {
             const int r = e / HD;
@@ -776,7 +778,7 @@ static void launch(dim3 g, float *out, float *part, int *count, const float *q, 
     memset(&tab, 0, sizeof tab);
     if (code_bits_of(FMT)) tbq_cuda_tab(code_bits_of(FMT), &tab);
     if (FMT == CUDA_KV_Q4H) tab.hinv = 1.0f / sqrtf(128.0f); /* H / √128, no signs */
-    if (FMT == CUDA_KV_POLAR4) tab.rm = rot, tab.rmt = rot + 128 * 128;
+    if (FMT == CUDA_KV_POLAR4 && rot) tab.rm = rot, tab.rmt = rot + 128 * 128;
     if (FMT >= CUDA_KV_TBQ2 && qb * (nh / nkv) <= 2)
         pdl_launch(attn_split_kernel<HD, FMT, 2>, g, dim3(32 * AT_WARPS), out, part, count, q, ldq, kc, vc, pos, n, nh,
                    nkv, cap, scale, splits, qb, tab);

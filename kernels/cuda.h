@@ -104,7 +104,8 @@ void cuda_rmsnorm(float *d_y, int ldy, const float *d_x, int ldx, const float *d
  *   CUDA_KV_POLAR4  one vector per position, |fp32 γ|128 4-bit codes| in
  *               the domain of the layer's dense rotation R, the positions
  *               rounded up to 32; hd 128 only (the kernels rotate with one
- *               thread per column of R) */
+ *               thread per column of R)
+ * (tools/gpu-check.sh's NCU step names attention kernels by these values.) */
 enum {
     CUDA_KV_F32, CUDA_KV_F16, CUDA_KV_Q8, CUDA_KV_TBQ2, CUDA_KV_TBQ3, CUDA_KV_TBQ4, CUDA_KV_Q4, CUDA_KV_Q4H, CUDA_KV_LM3,
     CUDA_KV_POLAR4

@@ -35,7 +35,7 @@ __global__ void polar4_store_kernel(float *q, const float *k, const float *v, in
         /* rows [gqa, 128]: one read of R serves the whole group */
         float *qh = q + (size_t)i * ld + (size_t)h * gqa * 128;
         for (int e = t; e < gqa * 128; e += 128) x[e] = qh[e];
-        polar_rotate_rows<16>(x, gqa, tab.rm, 1.0f);
+        polar_rotate_rows<16>(x, gqa, tab.rm);
         for (int e = t; e < gqa * 128; e += 128) qh[e] = x[e];
         return;
     }
@@ -52,7 +52,7 @@ __global__ void polar4_store_kernel(float *q, const float *k, const float *v, in
     }
     __syncthreads();
     x[t] = __fdiv_rn(x[t], gam);
-    polar_rotate_rows<1>(x, 1, tab.rm, 1.0f); /* its barriers publish x */
+    polar_rotate_rows<1>(x, 1, tab.rm); /* its barriers publish x */
     int c = 0;
 #pragma unroll
     for (int m = 0; m < 15; m++) c += x[t] > tab.mid[m];

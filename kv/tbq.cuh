@@ -48,7 +48,7 @@ typedef struct {
  * kv/hadamard.c, so that both devices use one table; cb8 for b = 4). */
 void tbq_cuda_tab(int bits, TbqTab *t);
 
-/* Bits per code of a Lloyd-Max index format (tbq2/3/4, lm3), 0 for the
+/* Bits per code of a Lloyd-Max index format (tbq2/3/4, lm3, polar4), 0 for the
  * others; and the bytes of its scale before each 128 codes. */
 static __host__ __device__ constexpr int code_bits_of(int fmt) {
     return fmt >= CUDA_KV_TBQ2 && fmt <= CUDA_KV_TBQ4 ? fmt - CUDA_KV_TBQ2 + 2
@@ -93,13 +93,13 @@ __device__ __forceinline__ void tbq_rotate_rows(float *x, int count, const uint3
 }
 
 /* rows x [rows, 128] in shared memory times M [128, 128] in device memory,
- * in place, then times post: y[r][j] = Σ_i x[r][i] M[i][j], every product
+ * in place: y[r][j] = Σ_i x[r][i] M[i][j], every product
  * and sum rounded alone in the order of i, as polar4's rot_rows (kv/polar4.c)
  * makes them, so the bits are the CPU's. Thread j of a block of 128 makes
  * column j of every row (rows <= MAXR); every thread must call it, and it
  * waits for what any of them wrote to x before. */
 template <int MAXR>
-__device__ __forceinline__ void polar_rotate_rows(float *x, int rows, const float *__restrict__ M, float post) {
+__device__ __forceinline__ void polar_rotate_rows(float *x, int rows, const float *__restrict__ M) {
     const int j = threadIdx.x;
     float acc[MAXR];
 #pragma unroll
@@ -115,7 +115,7 @@ __device__ __forceinline__ void polar_rotate_rows(float *x, int rows, const floa
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < MAXR; r++)
-        if (r < rows) x[r * 128 + j] = post == 1.0f ? acc[r] : acc[r] * post;
+        if (r < rows) x[r * 128 + j] = acc[r];
     __syncthreads();
 }
 

@@ -697,7 +697,7 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
             switch (op) {
             case 0: cuda_matvec(g->qkv, g->x, 1, L->in_norm, eps, L->wqkv.d, L->wqkv.dtype, L->wqkv.rows, H, 1, 0, 0);
                 break;
-            case 1:
+            case 1: /* (over polar4 each repetition rotates the queries again: the times are the same) */
                 cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn,
                                    d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
                 kv_store(g->qkv, nh, g->qkv + qd, ld, d->k, d->v, d, 0, 1, nkv, hd);
