@@ -42,14 +42,14 @@
  * decoded once for every query row: no shuffles; tbq4 at head dim 128 in
  * integers, its codebook bytes against 8-bit queries by dp4a, the
  * arithmetic of the CPU's VNNI kernels), then each lane sums its hd / 32
- * dims of every position. Rotated formats (tbq, q4h, polar4)
- * rotate the queries in once per block (polar4's come rotated from its
- * store, kv/polar4.cu: a dense rotation is a matrix every block would
- * read) and the outputs back once, never a cached row: scores and sums
- * happen in the rotated domain (kv/tbq.cuh). polar4's scale is γ / ‖cb[idx]‖ of the block: the lane
- * that scores a position sums its codes' squares beside the dot products,
- * and the lane that folds a position's value scale into its weight sums
- * them over the value row.
+ * dims of every position. Rotated formats (tbq, q4h, polar4) rotate the
+ * queries in once per block (polar4's come rotated from its store,
+ * kv/polar4.cu: a dense rotation is a matrix every block would read) and
+ * the outputs back once, never a cached row: scores and sums happen in
+ * the rotated domain (kv/tbq.cuh). polar4's scale is γ / ‖cb[idx]‖ of the
+ * block: the lane that scores a position sums its codes' squares beside
+ * the dot products, and the lane that folds a position's value scale into
+ * its weight sums them over the value row.
  */
 #include <math.h>
 #include <string.h>
