@@ -55,8 +55,9 @@ static uint64_t splitmix64(uint64_t *s) {
 
 static double unif(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
 
-/* Fills m[n*n] with the layer's Haar rotation; -1 when out of memory. */
-int polar4_rotation(int n, int layer, float *m) {
+/* Fills m[n*n] with the layer's Haar rotation and, unless NULL, mt with
+ * its transpose; -1 when out of memory. */
+int polar4_rotation(int n, int layer, float *m, float *mt) {
     double *q = malloc(sizeof(double) * (size_t)n * (size_t)n); /* q[j*n + i] = column j, row i */
     if (!q) return -1;
     uint64_t st = 42 + 1000 * (uint64_t)layer;
@@ -79,6 +80,8 @@ int polar4_rotation(int n, int layer, float *m) {
     }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) m[i * n + j] = (float)q[(size_t)j * n + i];
+    for (int i = 0; mt && i < n; i++)
+        for (int j = 0; j < n; j++) mt[j * n + i] = m[i * n + j];
     free(q);
     return 0;
 }
@@ -92,9 +95,8 @@ static Rot *rot_get(int layer, int n) {
         for (r = rot_cache; r && (r->layer != layer || r->n != n); r = r->next) {}
         if (r) r->refs++;
         else if ((r = calloc(1, sizeof *r)) && (r->m = malloc(sizeof(float) * (size_t)n * (size_t)n)) &&
-                 (r->mt = malloc(sizeof(float) * (size_t)n * (size_t)n)) && polar4_rotation(n, layer, r->m) == 0) {
-            for (int i = 0; i < n; i++)
-                for (int j = 0; j < n; j++) r->mt[j * n + i] = r->m[i * n + j];
+                 (r->mt = malloc(sizeof(float) * (size_t)n * (size_t)n)) &&
+                 polar4_rotation(n, layer, r->m, r->mt) == 0) {
             r->layer = layer;
             r->n = n;
             r->refs = 1;

@@ -493,13 +493,11 @@ static int rot_upload(GpuKV *d, char *err, size_t errlen) {
         return -1;
     }
     for (int l = 0; l < d->layers; l++) {
-        if (polar4_rotation(128, l, h)) {
+        if (polar4_rotation(128, l, h, h + nn)) {
             snprintf(err, errlen, "out of memory for polar4's rotations");
             free(h);
             return -1;
         }
-        for (size_t i = 0; i < 128; i++)
-            for (size_t j = 0; j < 128; j++) h[nn + j * 128 + i] = h[i * 128 + j];
         if (cuda_upload(d->rot + 2 * nn * l, h, 2 * nn * sizeof(float), "polar4's rotations", err, errlen)) {
             free(h);
             return -1;
@@ -599,8 +597,8 @@ static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, i
     cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn, kc, vc,
                        d->fmt, g->pos, n, nh, nkv, hd, c->rot_dim, d->cap, eps);
     kv_store(g->qkv, nh, g->qkv + qd, ld, kc, vc, d, cl, n, nkv, hd);
-    cuda_attention(g->att, g->qkv, ld, kc, vc, d->fmt, layer_rot(d, cl), g->pos, n, nh, nkv, hd, d->cap, 1.0f / sqrtf((float)hd),
-                   g->part, g->count, splits);
+    cuda_attention(g->att, g->qkv, ld, kc, vc, d->fmt, layer_rot(d, cl), g->pos, n, nh, nkv, hd, d->cap,
+                   1.0f / sqrtf((float)hd), g->part, g->count, splits);
     mm(g->x, g->att, &L->wo, n, 1);
     if (fused) cuda_matvec(g->hb, g->x, 1, L->post_norm, eps, L->wgu.d, L->wgu.dtype, L->wgu.rows, H, n, 1, 0);
     else {

@@ -103,9 +103,7 @@ static void down(void *h, const void *d, size_t bytes) {
 static float rot_m[2 * 128 * 128];
 static float *rot_up(int fmt) {
     if (fmt != CUDA_KV_POLAR4) return NULL;
-    cr_assert_eq(polar4_rotation(128, 0, rot_m), 0);
-    for (int i = 0; i < 128; i++)
-        for (int j = 0; j < 128; j++) rot_m[128 * 128 + j * 128 + i] = rot_m[i * 128 + j];
+    cr_assert_eq(polar4_rotation(128, 0, rot_m, rot_m + 128 * 128), 0);
     return up(rot_m, sizeof rot_m);
 }
 
