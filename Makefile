@@ -3,10 +3,11 @@
 #   make run        run the built-in default model
 #   make test       build and run the Criterion suite
 #   make test-asan  the same suite under AddressSanitizer + UBSan
-#   make aarch64    cross-build build-aarch64/run (plain C kernels; docs/arm.md)
+#   make aarch64    cross-build build-aarch64/run (NEON kernels; docs/arm.md)
 #   make test-aarch64  the kernel, KV, model and golden-logit tests on aarch64
-#                   under qemu-user, and the shipped model's greedy tokens
-#                   and logits against this machine's (about 7 minutes)
+#                   under qemu-user on two emulated CPUs, and the shipped
+#                   model's greedy tokens and logits against this machine's
+#                   (about 10 minutes)
 #   make fuzz       build the libFuzzer harnesses (tests/fuzz/) into build-fuzz/
 #   make fuzz-run   run each for FUZZ_SECONDS (default 60) from its seed corpus
 #   make bench      measure speed (about 12 minutes)
@@ -135,7 +136,7 @@ test-plain: $(BUILD)/run $(BUILD)/test_plain $(BUILD)/make_model $(BUILD)/bench 
 
 # aarch64 (docs/arm.md): cross-built with Debian's gcc-aarch64-linux-gnu and
 # run under qemu-user (apt-get install gcc-aarch64-linux-gnu
-# libc6-dev-arm64-cross qemu-user), the plain C kernels only. The emulated
+# libc6-dev-arm64-cross qemu-user), on two emulated CPUs (below). The emulated
 # tests are the kernel, KV, model, Qwen3.5, golden-logit, loading, format,
 # tokenizer and compare-output files on the plain runner (Criterion's
 # per-test sandbox cannot start under qemu-user), less four tests too long
@@ -144,8 +145,9 @@ test-plain: $(BUILD)/run $(BUILD)/test_plain $(BUILD)/make_model $(BUILD)/bench 
 # emulated too, in 6 more minutes: AARCH64_TESTS="$(wildcard tests/test_*.c)"
 # less test_tools.c, which builds and times the benchmark tools). Then the shipped model's 32
 # greedy tokens with -kv f32 must be this machine's, and every scheme's
-# logits this machine's plain C ones to the bit and its SIMD ones within a
-# bound (tests/arm_logits.sh). Every emulated step runs under
+# logits with plain C kernels this machine's plain C ones to the bit, with
+# SIMD kernels its SIMD ones within a bound (tests/arm_logits.sh). Every
+# emulated step runs under
 # timeout -s KILL: a hang fails, never stalls.
 AARCH64_CC      ?= aarch64-linux-gnu-gcc
 AARCH64_BUILD   ?= build-aarch64
@@ -157,11 +159,19 @@ AARCH64_TESTS   ?= tests/test_kernels.c tests/test_deltanet.c tests/test_kv.c te
 AARCH64_EXCLUDE ?= shipped/greedy_spec_exact qwen35/greedy_speculation_and_every_scheme \
 	qwen35/speculative_decoding_restores_the_state model/batching_does_not_change_logits
 # Seconds for each emulated step; a test's own .timeout is stretched 10x,
-# one without gets 300 s (emulation runs the plain C kernels 10-50x slower).
+# one without gets 300 s (emulation runs the kernels 10-50x slower).
 AARCH64_TIMEOUT ?= 1200
 AARCH64_TEST_ARGS ?= --verbose -j 2 --timeout 300 --timeout-scale 10 $(AARCH64_EXCLUDE:%=--exclude %)
 AARCH64_PROMPT  ?= And God said
 AARCH64_EMU      = timeout -s KILL $(AARCH64_TIMEOUT) env QEMU_LD_PREFIX=$(AARCH64_SYSROOT) $(QEMU_AARCH64)
+# The two emulated CPUs (QEMU_CPU, which the run-qemu wrapper passes on
+# too): qemu's "max", with every extension (kernels dotprod), and a
+# Cortex-A57, Armv8.0 without the dot product (kernels neon), where the
+# kernel and KV tests run again to check the fall-backs are chosen and right.
+AARCH64_CPU_FULL ?= max
+AARCH64_CPU_BASE ?= cortex-a57
+AARCH64_BASE_TESTS ?= kernels/* deltanet/* kv/* kv_quant/* kv_rotated/* model/golden* shipped/golden* \
+	qwen35/golden* qwen35/prefill_and_decode_give_the_same_bits
 # The tests without loop vectorization: Debian 12's aarch64 gcc 12.2 stops
 # with an internal compiler error (vect_transform_reduction) on their fmax
 # reductions of differences (tests/test_kernels.c, test_deltanet.c).
@@ -176,14 +186,20 @@ test-aarch64: $(BUILD)/run
 	printf '#!/bin/sh\nexec env QEMU_LD_PREFIX=%s %s "$$(dirname "$$0")/run" "$$@"\n' \
 		'$(AARCH64_SYSROOT)' '$(QEMU_AARCH64)' > $(AARCH64_BUILD)/run-qemu
 	chmod +x $(AARCH64_BUILD)/run-qemu
-	$(AARCH64_EMU) $(AARCH64_BUILD)/run --version
-	OMP_WAIT_POLICY=passive RUN_BIN=$(AARCH64_BUILD)/run-qemu $(AARCH64_EMU) $(AARCH64_BUILD)/test_plain $(AARCH64_TEST_ARGS)
+	QEMU_CPU=$(AARCH64_CPU_FULL) $(AARCH64_EMU) $(AARCH64_BUILD)/run --version | tee /dev/stderr | grep -q 'kernels dotprod'
+	QEMU_CPU=$(AARCH64_CPU_BASE) $(AARCH64_EMU) $(AARCH64_BUILD)/run --version | tee /dev/stderr | grep -q 'kernels neon'
+	QEMU_CPU=$(AARCH64_CPU_FULL) OMP_WAIT_POLICY=passive RUN_BIN=$(AARCH64_BUILD)/run-qemu \
+		$(AARCH64_EMU) $(AARCH64_BUILD)/test_plain $(AARCH64_TEST_ARGS)
+	QEMU_CPU=$(AARCH64_CPU_BASE) OMP_WAIT_POLICY=passive RUN_BIN=$(AARCH64_BUILD)/run-qemu \
+		$(AARCH64_EMU) $(AARCH64_BUILD)/test_plain $(AARCH64_TEST_ARGS) $(AARCH64_BASE_TESTS:%=--filter '%')
 	$(BUILD)/run models/qwen3-kjv-mtp -i "$(AARCH64_PROMPT)" -n 32 -t 0 -kv f32 > $(AARCH64_BUILD)/greedy-native.txt
-	$(AARCH64_EMU) $(AARCH64_BUILD)/run models/qwen3-kjv-mtp -i "$(AARCH64_PROMPT)" -n 32 -t 0 -kv f32 \
-		> $(AARCH64_BUILD)/greedy-aarch64.txt
-	cmp $(AARCH64_BUILD)/greedy-native.txt $(AARCH64_BUILD)/greedy-aarch64.txt
-	@echo "aarch64 greedy tokens (-kv f32) are this machine's: $$(cat $(AARCH64_BUILD)/greedy-aarch64.txt)"
-	sh tests/arm_logits.sh $(BUILD)/run "$(AARCH64_EMU) $(AARCH64_BUILD)/run" $(AARCH64_BUILD)
+	for cpu in $(AARCH64_CPU_FULL) $(AARCH64_CPU_BASE); do \
+		QEMU_CPU=$$cpu $(AARCH64_EMU) $(AARCH64_BUILD)/run models/qwen3-kjv-mtp -i "$(AARCH64_PROMPT)" -n 32 -t 0 -kv f32 \
+			> $(AARCH64_BUILD)/greedy-aarch64.txt && \
+		cmp $(AARCH64_BUILD)/greedy-native.txt $(AARCH64_BUILD)/greedy-aarch64.txt || exit 1; \
+	done
+	@echo "aarch64 greedy tokens (-kv f32, both CPUs) are this machine's: $$(cat $(AARCH64_BUILD)/greedy-aarch64.txt)"
+	QEMU_CPU=$(AARCH64_CPU_FULL) sh tests/arm_logits.sh $(BUILD)/run "$(AARCH64_EMU) $(AARCH64_BUILD)/run" $(AARCH64_BUILD)
 
 $(BUILD)/bench_attn: $(BUILD)/tools/bench_attn.o $(BUILD)/librun.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)

@@ -213,8 +213,9 @@ static void usage(FILE *f) {
     KVOpts o = {0, 0};
     for (int i = 0; i < kv_n_schemes; i++)
         fprintf(f, "  %-8s %6.3f  %s\n", kv_schemes[i]->name, kv_schemes[i]->bits(128, &o), kv_schemes[i]->desc);
-    fprintf(f, "environment: RUN_ISA=ref|avx2|avx512|avx512vnni forces a lower kernel level; RUN_MMAP=1 reads\n"
-               "  the weights where the files are mapped instead of copying them into memory in huge pages\n"
+    fprintf(f, "environment: RUN_ISA=ref|avx2|avx512|avx512vnni (x86-64) or ref|neon|dotprod (aarch64)\n"
+               "  forces a lower kernel level; RUN_MMAP=1 reads the weights where the files are mapped\n"
+               "  instead of copying them into memory in huge pages\n"
                "  (where the AVX-512 kernels get bf16 relaid in 32-row panels, their faster layout);\n"
                "  RUN_CUDA_GRAPHS=0 launches a GPU step's kernels one by one instead of as a CUDA graph;\n"
                "  RUN_CUDA_PDL=0 launches them without programmatic dependent launch (Hopper and later)\n");

@@ -1,4 +1,5 @@
-/* deltanet.c: the gated delta rule (deltanet.h) in plain C and AVX-512.
+/* deltanet.c: the gated delta rule (deltanet.h) in plain C, AVX-512 and
+ * NEON.
  *
  * Work per token and value head: two passes over S [dk, dv], the first for
  * u = alpha S^T k, the second for S <- alpha S + k delta^T and o = S^T q,
@@ -9,7 +10,7 @@
  * passes, and several independent sums per pass so the FMAs overlap.
  *
  * The reference scales S by alpha in the first pass (Hugging Face's order:
- * S <- alpha S, then u = S^T k); the AVX-512 version folds alpha into u
+ * S <- alpha S, then u = S^T k); the SIMD versions fold alpha into u
  * and into the second pass's update, which saves a store of S per token
  * and rounds differently: tests/test_deltanet.c holds both to a float64
  * recurrence. The
@@ -105,6 +106,71 @@ __attribute__((target("avx512f"))) static void deltanet_cols16(float *S, const D
 
 void deltanet_cols(float *S, const DeltaRule *a, int e0, int e1) {
     if (kernels_level() >= 2 && (e1 - e0) % 16 == 0) deltanet_cols16(S, a, e0, e1);
+    else deltanet_cols_ref(S, a, e0, e1);
+}
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* tile16's passes in NEON: NV vectors of 4 columns from e0 (up to 32
+ * columns: the two sums and delta take 3 NV of the 32 registers), alpha
+ * folded likewise, even and odd rows of S summed apart. */
+static inline __attribute__((always_inline)) void tile4(float *S, const DeltaRule *a, int e0, const int NV) {
+    const int dk = a->dk, dv = a->dv;
+    for (int t = 0; t < a->n; t++) {
+        const float *q = a->q + (size_t)t * a->ld_qk, *k = a->k + (size_t)t * a->ld_qk;
+        const float *v = a->v + (size_t)t * a->ld_v + e0;
+        const float alpha = a->alpha[(size_t)t * a->ld_ab], beta = a->beta[(size_t)t * a->ld_ab];
+        float32x4_t s0[8], s1[8], d[8];
+        for (int b = 0; b < NV; b++) s0[b] = s1[b] = vdupq_n_f32(0);
+        /* u = S^T k over the old S */
+        int i = 0;
+        for (; i + 1 < dk; i += 2) {
+            const float *r0 = S + (size_t)i * dv + e0, *r1 = r0 + dv;
+            for (int b = 0; b < NV; b++) {
+                s0[b] = vfmaq_n_f32(s0[b], vld1q_f32(r0 + 4 * b), k[i]);
+                s1[b] = vfmaq_n_f32(s1[b], vld1q_f32(r1 + 4 * b), k[i + 1]);
+            }
+        }
+        if (i < dk)
+            for (int b = 0; b < NV; b++) s0[b] = vfmaq_n_f32(s0[b], vld1q_f32(S + (size_t)i * dv + e0 + 4 * b), k[i]);
+        /* delta = beta (v - alpha u) */
+        for (int b = 0; b < NV; b++) {
+            const float32x4_t u = vmulq_n_f32(vaddq_f32(s0[b], s1[b]), alpha);
+            d[b] = vmulq_n_f32(vsubq_f32(vld1q_f32(v + 4 * b), u), beta);
+            s0[b] = s1[b] = vdupq_n_f32(0);
+        }
+        /* S <- alpha S + k delta^T, o = S^T q over the new S */
+        for (i = 0; i < dk; i++) {
+            float *r = S + (size_t)i * dv + e0;
+            for (int b = 0; b < NV; b++) {
+                const float32x4_t x = vfmaq_n_f32(vmulq_n_f32(d[b], k[i]), vld1q_f32(r + 4 * b), alpha);
+                vst1q_f32(r + 4 * b, x);
+                if (i & 1) s1[b] = vfmaq_n_f32(s1[b], x, q[i]);
+                else s0[b] = vfmaq_n_f32(s0[b], x, q[i]);
+            }
+        }
+        float *o = a->o + (size_t)t * a->ld_o + e0;
+        for (int b = 0; b < NV; b++) vst1q_f32(o + 4 * b, vaddq_f32(s0[b], s1[b]));
+    }
+}
+
+/* Tiles of 32 columns, then one of what is left (a multiple of 4). */
+static void deltanet_cols4(float *S, const DeltaRule *a, int e0, int e1) {
+    for (; e1 - e0 >= 32; e0 += 32) tile4(S, a, e0, 8);
+    switch ((e1 - e0) / 4) {
+    case 7: tile4(S, a, e0, 7); break;
+    case 6: tile4(S, a, e0, 6); break;
+    case 5: tile4(S, a, e0, 5); break;
+    case 4: tile4(S, a, e0, 4); break;
+    case 3: tile4(S, a, e0, 3); break;
+    case 2: tile4(S, a, e0, 2); break;
+    case 1: tile4(S, a, e0, 1); break;
+    default: break;
+    }
+}
+
+void deltanet_cols(float *S, const DeltaRule *a, int e0, int e1) {
+    if (kernels_level() > 0 && (e1 - e0) % 4 == 0) deltanet_cols4(S, a, e0, e1);
     else deltanet_cols_ref(S, a, e0, e1);
 }
 #else

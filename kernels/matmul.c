@@ -1,5 +1,6 @@
 /* matmul.c: the projection kernel (see matmul.h), plain C reference plus
- * AVX2 and AVX-512 versions chosen at run time.
+ * AVX2 and AVX-512 versions (x86-64) and a NEON one (aarch64) chosen at
+ * run time.
  *
  * Data flow: kernels/ is the bottom layer (run.c -> model -> attn -> kv ->
  * kernels); model/ calls matmul / matmul_multi for every projection,
@@ -40,8 +41,8 @@
  * into two bf16 halves they take two of them per 32 products, as many as
  * the FMAs.
  *
- * The SIMD paths are x86-64 only: other CPUs run matmul_ref (and
- * kernels_isa() is "ref" there).
+ * aarch64 runs the AVX2 path's tiles in NEON (below); other CPUs run
+ * matmul_ref (and kernels_isa() is "ref" there).
  */
 #include "kernels/matmul.h"
 #include "kernels/quant32.h"
@@ -56,17 +57,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ISA_VNNI is AVX-512 plus its 8-bit dot product (vpdpbusd), which the
- * integer kernels (DT_Q8I drafts, q8 and tbq attention) need. */
+/* The levels, best last; kernels_level() is the index. On x86-64
+ * ISA_VNNI is AVX-512 plus its 8-bit dot product (vpdpbusd), which the
+ * integer kernels (DT_Q8I drafts, q8 and tbq attention) need. On aarch64
+ * ISA_NEON is Advanced SIMD, which every aarch64 CPU has, and ISA_DOTPROD
+ * adds its 8-bit dot product (sdot/udot, Armv8.2's FEAT_DotProd: Neoverse
+ * N1 and V2, the Cortex-X cores of GB10). */
+#if defined(__x86_64__)
 typedef enum { ISA_REF, ISA_AVX2, ISA_AVX512, ISA_VNNI } Isa;
+static const char *const isa_names[] = {"ref", "avx2", "avx512", "avx512vnni"};
+#define ISA_EXPECTED "ref, avx2, avx512 or avx512vnni"
+#elif defined(__aarch64__)
+typedef enum { ISA_REF, ISA_NEON, ISA_DOTPROD } Isa;
+static const char *const isa_names[] = {"ref", "neon", "dotprod"};
+#define ISA_EXPECTED "ref, neon or dotprod"
+#else
+typedef enum { ISA_REF } Isa;
+static const char *const isa_names[] = {"ref"};
+#define ISA_EXPECTED "ref"
+#endif
+#define ISA_COUNT ((int)(sizeof isa_names / sizeof isa_names[0]))
 /* The chosen ISA, -1 until first use. Attention's threads read it too, so
  * it is read and written atomically (two first uses just agree). */
 static int g_isa = -1;
 
 /* What the CPU has: isa_detect, the best level; cpu_has_bf16, AVX-512 BF16
  * (vcvtne2ps2bf16, vdpbf16ps), which the DT_BF16D kernel needs besides
- * ISA_AVX512. The x86 kernels are compiled for x86-64 only: on other CPUs
- * the plain C reference is the one level. */
+ * ISA_AVX512. The SIMD kernels are compiled for x86-64 and aarch64 only:
+ * on other CPUs the plain C reference is the one level. */
 #if defined(__x86_64__)
 static Isa isa_detect(void) {
     __builtin_cpu_init();
@@ -104,73 +122,96 @@ static int cpu_has_vbmi(void) {
 }
 
 const char *kernels_built(void) { return "x86-64 AVX2/AVX-512 and plain C"; }
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+/* The kernel's feature bits (Linux's arch/arm64 hwcap.h; glibc's
+ * <bits/hwcap.h> has them too, but not every libc does). */
+#define RUN_HWCAP_ASIMD (1UL << 1)
+#define RUN_HWCAP_ASIMDDP (1UL << 20)
+static Isa isa_detect(void) {
+    const unsigned long hw = getauxval(AT_HWCAP);
+    if (!(hw & RUN_HWCAP_ASIMD)) return ISA_REF;
+    return hw & RUN_HWCAP_ASIMDDP ? ISA_DOTPROD : ISA_NEON;
+}
 
-/* kernels_check_env's refusal of a level above isa_detect's */
-#define ISA_ABOVE "this CPU runs %s at most"
+const char *kernels_built(void) { return "aarch64 NEON/dotprod and plain C"; }
 #else
 static Isa isa_detect(void) { return ISA_REF; }
-static int cpu_has_bf16(void) { return 0; }
-static int cpu_has_vbmi(void) { return 0; }
 
 const char *kernels_built(void) { return "plain C"; }
-
-#define ISA_ABOVE "x86 kernels exist on x86-64 only, this CPU runs %s"
 #endif
+
+/* The level a name gives on this build, or -1 (the other architecture's
+ * names, or none). */
+static int isa_index(const char *name) {
+    for (int i = 0; i < ISA_COUNT; i++)
+        if (strcmp(name, isa_names[i]) == 0) return i;
+    return -1;
+}
 
 static Isa isa(void) {
     int v = __atomic_load_n(&g_isa, __ATOMIC_RELAXED);
     if (v < 0) {
-        Isa best = isa_detect();
+        const int best = (int)isa_detect();
         const char *env = getenv("RUN_ISA");
-        v = (int)best;
-        if (env && strcmp(env, "ref") == 0) v = ISA_REF;
-        else if (env && strcmp(env, "avx2") == 0 && best >= ISA_AVX2) v = ISA_AVX2;
-        else if (env && strcmp(env, "avx512") == 0 && best >= ISA_AVX512) v = ISA_AVX512;
-        else if (env && strcmp(env, "avx512vnni") == 0 && best >= ISA_VNNI) v = ISA_VNNI;
+        const int want = env ? isa_index(env) : -1;
+        v = want >= 0 && want <= best ? want : best;
         __atomic_store_n(&g_isa, v, __ATOMIC_RELAXED);
     }
     return (Isa)v;
 }
 
-const char *kernels_isa(void) {
-    static const char *names[] = {"ref", "avx2", "avx512", "avx512vnni"};
-    return names[isa()];
-}
+const char *kernels_isa(void) { return isa_names[isa()]; }
 
 int kernels_level(void) { return (int)isa(); }
 
+#if defined(__x86_64__)
 int kernels_has_vbmi(void) { return isa() == ISA_VNNI && cpu_has_vbmi(); }
+#else
+int kernels_has_vbmi(void) { return 0; }
+#endif
 
 int kernels_check_env(char *err, size_t errlen) {
-    static const char *names[] = {"ref", "avx2", "avx512", "avx512vnni"};
+    /* every architecture's names, to tell a foreign one from a typo */
+    static const char *const any[] = {"ref", "avx2", "avx512", "avx512vnni", "neon", "dotprod"};
     const char *env = getenv("RUN_ISA");
     if (!env) return 0;
-    for (int i = 0; i < 4; i++)
-        if (strcmp(env, names[i]) == 0) {
-            if (i <= (int)isa_detect()) return 0;
-            snprintf(err, errlen, "RUN_ISA=%s: " ISA_ABOVE, env, names[isa_detect()]);
+    const int at = isa_index(env);
+    if (at >= 0 && at <= (int)isa_detect()) return 0;
+    for (size_t i = 0; i < sizeof any / sizeof any[0]; i++)
+        if (strcmp(env, any[i]) == 0) {
+            if (at >= 0) snprintf(err, errlen, "RUN_ISA=%s: this CPU runs %s at most", env, isa_names[isa_detect()]);
+            else
+                snprintf(err, errlen, "RUN_ISA=%s: a level of another architecture (this one has %s)", env,
+                         ISA_EXPECTED);
             return -1;
         }
-    snprintf(err, errlen, "RUN_ISA: expected ref, avx2, avx512 or avx512vnni, found '%.40s'", env);
+    snprintf(err, errlen, "RUN_ISA: expected " ISA_EXPECTED ", found '%.40s'", env);
     return -1;
 }
 
 int kernels_set_isa(const char *name) {
-    Isa want = strcmp(name, "avx512vnni") == 0 ? ISA_VNNI
-               : strcmp(name, "avx512") == 0   ? ISA_AVX512
-               : strcmp(name, "avx2") == 0     ? ISA_AVX2
-                                               : ISA_REF;
-    if (want > isa_detect() || (strcmp(name, "ref") && want == ISA_REF)) return -1;
-    __atomic_store_n(&g_isa, (int)want, __ATOMIC_RELAXED);
+    const int want = isa_index(name);
+    if (want < 0 || want > (int)isa_detect()) return -1;
+    __atomic_store_n(&g_isa, want, __ATOMIC_RELAXED);
     return 0;
 }
 
 /* Which of the relaid layouts have their fast kernels here (matmul.h). */
+#if defined(__x86_64__)
 int matmul_has_q8i(void) { return isa() == ISA_VNNI; }
 
 int matmul_has_panels(void) { return isa() >= ISA_AVX512; }
 
 int matmul_has_dpanels(void) { return isa() >= ISA_AVX512 && cpu_has_bf16(); }
+#else
+/* the relaid layouts' kernels are AVX-512 ones */
+int matmul_has_q8i(void) { return 0; }
+
+int matmul_has_panels(void) { return 0; }
+
+int matmul_has_dpanels(void) { return 0; }
+#endif
 
 /* Where row r (mod 32) of a DT_BF16P panel sits in each column's 64-byte
  * word: half-word 2r for rows 0-15 (the lanes' low halves), 2(r - 16) + 1
@@ -379,12 +420,7 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
         }
 }
 
-#if defined(__x86_64__)
-#include "kernels/hsum.h"
-
-#include <immintrin.h>
-
-/* The loop the AVX2 path uses. Threads take chunks of 64 output rows;
+/* The loop the AVX2 and NEON paths use. Threads take chunks of 64 output rows;
  * inside, tokens go in blocks of 64, so a chunk's weights and a block's
  * activations stay in L2 while tiles of 4 rows x T tokens sweep them, with
  * smaller tiles for the remainders. TILE(o, i, R, T) is an inlined tile. */
@@ -406,6 +442,11 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
             }                                                                  \
         }                                                                      \
     }
+
+#if defined(__x86_64__)
+#include "kernels/hsum.h"
+
+#include <immintrin.h>
 
 /* ---- AVX-512: 32 columns per step, tiles of up to 4 rows x 4 tokens ----
  *
@@ -1254,6 +1295,98 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
     }
 }
 
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* ---- NEON: 4 lanes, tiles of 4 rows x 2 tokens ----
+ *
+ * The AVX2 path's loop and tiles in 128-bit registers. One step takes 8
+ * columns of a row as two f32 vectors w0 (columns j..j+3) and w1
+ * (j+4..j+7), and each dot product keeps two accumulators, a0 += w0 x0 and
+ * a1 += w1 x1: a 4 x 2 tile is 16 sums plus 4 vectors of x, and one token
+ * (decode) still has 8 fma chains in flight. A dot's order is fixed
+ * whatever the tile: the two chains over the columns in steps of 8, then
+ * vaddvq(a0 + a1), then the tail (cols % 8) in plain C. Weights widen
+ * exactly: bf16 by a 16-bit left shift, f16 by fcvtl, q8 as code times
+ * scale (one rounding, as wval). */
+#define NEON static inline __attribute__((always_inline))
+
+NEON void ld8n(const void *p, const float *sc, size_t idx, DType dt, float32x4_t *w0, float32x4_t *w1) {
+    if (dt == DT_F32) {
+        *w0 = vld1q_f32((const float *)p + idx);
+        *w1 = vld1q_f32((const float *)p + idx + 4);
+    } else if (dt == DT_Q8) {
+        const int16x8_t q = vmovl_s8(vld1_s8((const int8_t *)p + idx));
+        const float d = sc[idx / 32];
+        *w0 = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(q))), d);
+        *w1 = vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(q)), d);
+    } else if (dt == DT_F16) {
+        const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16((const uint16_t *)p + idx));
+        *w0 = vcvt_f32_f16(vget_low_f16(h));
+        *w1 = vcvt_high_f32_f16(h);
+    } else {
+        const uint16x8_t h = vld1q_u16((const uint16_t *)p + idx);
+        *w0 = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
+        *w1 = vreinterpretq_f32_u32(vshll_high_n_u16(h, 16));
+    }
+}
+
+/* R rows from o x T tokens from i, all columns (see above). */
+NEON void tile_neon(float *y, const float *x, const Weight *w, int o, int i, const int R, const int T, DType dt) {
+    const int in = w->cols, out = w->rows, vec = in & ~7;
+    float32x4_t a0[4][2], a1[4][2];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) a0[r][t] = a1[r][t] = vdupq_n_f32(0);
+    for (int j = 0; j < vec; j += 8) {
+        float32x4_t x0[2], x1[2];
+        for (int t = 0; t < T; t++) {
+            x0[t] = vld1q_f32(x + (size_t)(i + t) * in + j);
+            x1[t] = vld1q_f32(x + (size_t)(i + t) * in + j + 4);
+        }
+        for (int r = 0; r < R; r++) {
+            float32x4_t w0, w1;
+            ld8n(w->data, w->scale, (size_t)(o + r) * in + j, dt, &w0, &w1);
+            for (int t = 0; t < T; t++) {
+                a0[r][t] = vfmaq_f32(a0[r][t], w0, x0[t]);
+                a1[r][t] = vfmaq_f32(a1[r][t], w1, x1[t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = vaddvq_f32(vaddq_f32(a0[r][t], a1[r][t]));
+            const float *xi = x + (size_t)(i + t) * in;
+            for (int j = vec; j < in; j++) s += xi[j] * wval(w, (size_t)(o + r) * in + j);
+            y[(size_t)(i + t) * out + o + r] = s;
+        }
+}
+
+static void matmul_neon_dt(float *y, const float *x, const Weight *w, int n, DType dt) {
+#define TILE_NEON(o, i, R, T) tile_neon(y, x, w, o, i, R, T, dt)
+    BLOCKED_LOOP(w->rows, n, 2, TILE_NEON)
+#undef TILE_NEON
+}
+
+void matmul_thread_free(void) {}
+
+int matmul_reserve(int n, int cols) {
+    (void)n, (void)cols;
+    return 0;
+}
+
+/* One matrix after the other; the relaid layouts (AVX-512's) and DT_Q8I
+ * take the reference. */
+void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
+    for (int k = 0; k < count; k++) {
+        const DType dt = w[k]->dtype;
+        if (isa() < ISA_NEON || dt == DT_BF16P || dt == DT_BF16D || dt == DT_Q8I) matmul_ref(y[k], x, w[k], n);
+        else if (dt == DT_F32) matmul_neon_dt(y[k], x, w[k], n, DT_F32);
+        else if (dt == DT_F16) matmul_neon_dt(y[k], x, w[k], n, DT_F16);
+        else if (dt == DT_Q8) matmul_neon_dt(y[k], x, w[k], n, DT_Q8);
+        else matmul_neon_dt(y[k], x, w[k], n, DT_BF16);
+    }
+}
+
 #else
 /* Other CPUs: the plain C reference, one matrix after the other. */
 void matmul_thread_free(void) {}
@@ -1266,6 +1399,6 @@ int matmul_reserve(int n, int cols) {
 void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
     for (int k = 0; k < count; k++) matmul_ref(y[k], x, w[k], n);
 }
-#endif /* __x86_64__ */
+#endif /* __x86_64__, __aarch64__ */
 
 void matmul(float *y, const float *x, const Weight *w, int n) { matmul_multi(&y, &w, 1, x, n); }

@@ -14,7 +14,8 @@
  * is and whatever tile it lands in, so a position's result does not depend
  * on how the prompt was batched, nor on the thread count.
  * matmul_ref is the plain C reference; matmul picks the fastest path the CPU
- * supports at run time (AVX-512, AVX2+FMA, or the reference).
+ * supports at run time (AVX-512, AVX2+FMA, NEON on aarch64, or the
+ * reference).
  */
 #ifndef MATMUL_H
 #define MATMUL_H
@@ -110,20 +111,23 @@ void matmul_thread_free(void);
 /* Reads row r of w into out[cols] as f32 (embedding lookup). */
 void weight_row(const Weight *w, int r, float *out);
 
-/* Which implementation matmul, the vec_* and the KV kernels use:
- * "avx512vnni" (AVX-512 with its 8-bit dot product, for the integer
- * kernels), "avx512", "avx2" or "ref". Chosen once from the CPU's features
- * ("ref" on CPUs other than x86-64, which have only the plain C kernels);
- * the environment variable RUN_ISA=ref|avx2|avx512 forces a lower one.
+/* Which implementation matmul, the vec_* and the KV kernels use: on
+ * x86-64 "avx512vnni" (AVX-512 with its 8-bit dot product, for the integer
+ * kernels), "avx512", "avx2" or "ref"; on aarch64 "dotprod" (NEON with
+ * sdot, likewise), "neon" or "ref"; "ref" on other CPUs, which have only
+ * the plain C kernels. Chosen once from the CPU's features; the
+ * environment variable RUN_ISA (one of these names) forces a lower one.
  * f32 activations never go through vdpbf16ps: split into two bf16 halves to
  * keep f32 accuracy, they need two instructions per 32 products, no fewer
  * than the FMAs over widened bf16 weights (measurements:
  * docs/kernel-notes.md#bf16-split-activations). */
 const char *kernels_isa(void);
 /* The kernels this build holds, for --version: "x86-64 AVX2/AVX-512 and
- * plain C", or "plain C" on other CPUs. */
+ * plain C", "aarch64 NEON/dotprod and plain C", or "plain C" on other
+ * CPUs. */
 const char *kernels_built(void);
-/* The same choice as a number: 0 ref, 1 avx2, 2 avx512, 3 avx512vnni. */
+/* The same choice as a number: 0 ref, 1 avx2, 2 avx512, 3 avx512vnni on
+ * x86-64; 0 ref, 1 neon, 2 dotprod on aarch64. */
 int kernels_level(void);
 /* 1 when kernels_level() is 3 and the CPU also has AVX-512 VBMI (vpermb,
  * vpmultishiftqb: Ice Lake, Zen 4 and later), which the 2- and 3-bit

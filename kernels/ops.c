@@ -17,7 +17,8 @@
  * polynomial; 2^k applied with vscalefps, which also gives inf at the top.
  * Within 2 ulp of libm's expf on [-87.33, 88], NaN, inf and 0 where libm
  * gives them, and 0 where libm's result would be subnormal (tested).
- * Other CPUs than x86-64 run the plain C versions (the _ref functions).
+ * aarch64 runs the same steps on 4 NEON lanes (exp4); other CPUs run the
+ * plain C versions (the _ref functions).
  */
 #include "kernels/ops.h"
 #include "kernels/matmul.h"
@@ -194,6 +195,92 @@ AVX512 float exp_sub_sum16(float *x, int n, float m) {
 float exp_sub_sum(float *x, int n, float m) {
     return kernels_level() >= 2 ? exp_sub_sum16(x, n, m) : exp_sub_sum_ref(x, n, m);
 }
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* exp16's steps on 4 lanes. NaN: fmin/fmax return it, so it stays NaN.
+ * 2^k is applied as two exact power-of-two products 2^(k - k/2) 2^(k/2)
+ * (k is in [-151, 128], each half a normal scale), which rounds once, as
+ * vscalefps does; below -87.33 the result is 0, as there. */
+static inline float32x4_t exp4(float32x4_t x) {
+    x = vmaxq_f32(vdupq_n_f32(-104.0f), vminq_f32(vdupq_n_f32(89.0f), x));
+    const float32x4_t k = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+    float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, k, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t ki = vcvtq_s32_f32(k), k1 = vshrq_n_s32(ki, 1), k2 = vsubq_s32(ki, k1);
+    const float32x4_t s1 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(k1, vdupq_n_s32(127)), 23)),
+                      s2 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(k2, vdupq_n_s32(127)), 23));
+    p = vmulq_f32(vmulq_f32(p, s1), s2);
+    return vbslq_f32(vcltq_f32(x, vdupq_n_f32(-87.33f)), vdupq_n_f32(0), p);
+}
+
+void exp16_array(float *y, const float *x, int n) {
+    int i = 0;
+    if (kernels_level() > 0)
+        for (; i + 4 <= n; i += 4) vst1q_f32(y + i, exp4(vld1q_f32(x + i)));
+    for (; i < n; i++) y[i] = expf(x[i]);
+}
+
+void swiglu(float *a, const float *b, int n) {
+    int i = 0;
+    if (kernels_level() > 0)
+        for (; i + 4 <= n; i += 4) {
+            const float32x4_t g = vld1q_f32(a + i), e = exp4(vnegq_f32(g));
+            vst1q_f32(a + i, vmulq_f32(vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), e)), vld1q_f32(b + i)));
+        }
+    swiglu_ref(a + i, b + i, n - i);
+}
+
+/* 4 running maxima (fmaxnm skips NaNs as the loop does), then the largest
+ * of them: max is exact, so the same value as the sequential loop. */
+static float max_from4(const float *x, int n, float m) {
+    float32x4_t acc = vdupq_n_f32(m);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) acc = vmaxnmq_f32(acc, vld1q_f32(x + i));
+    return max_from_ref(x + i, n - i, vmaxnmvq_f32(acc));
+}
+
+float max_from(const float *x, int n, float m) {
+    return kernels_level() > 0 ? max_from4(x, n, m) : max_from_ref(x, n, m);
+}
+
+/* The largest value, then the first entry equal to it (argmax16's two
+ * passes). */
+static int argmax4(const float *x, int n) {
+    const float m = max_from4(x, n, -INFINITY);
+    const float32x4_t mv = vdupq_n_f32(m);
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        if (vmaxvq_u32(vceqq_f32(vld1q_f32(x + i), mv))) break;
+    for (; i < n; i++)
+        if (x[i] == m) return i;
+    return 0;
+}
+
+int argmax(const float *x, int n) { return kernels_level() > 0 ? argmax4(x, n) : argmax_ref(x, n); }
+
+/* 4 lanes of partial sums, reduced in a fixed order, then the tail. */
+static float exp_sub_sum4(float *x, int n, float m) {
+    float32x4_t acc = vdupq_n_f32(0);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t e = exp4(vsubq_f32(vld1q_f32(x + i), vdupq_n_f32(m)));
+        vst1q_f32(x + i, e);
+        acc = vaddq_f32(acc, e);
+    }
+    return vaddvq_f32(acc) + exp_sub_sum_ref(x + i, n - i, m);
+}
+
+float exp_sub_sum(float *x, int n, float m) {
+    return kernels_level() > 0 ? exp_sub_sum4(x, n, m) : exp_sub_sum_ref(x, n, m);
+}
 #else
 void exp16_array(float *y, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] = expf(x[i]);
@@ -202,4 +289,4 @@ void swiglu(float *a, const float *b, int n) { swiglu_ref(a, b, n); }
 float max_from(const float *x, int n, float m) { return max_from_ref(x, n, m); }
 int argmax(const float *x, int n) { return argmax_ref(x, n); }
 float exp_sub_sum(float *x, int n, float m) { return exp_sub_sum_ref(x, n, m); }
-#endif /* __x86_64__ */
+#endif /* __x86_64__, __aarch64__ */

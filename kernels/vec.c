@@ -11,8 +11,8 @@
  * machines: vectors here are one head long, too short for 16 lanes to pay
  * for their tails. f16 follows IEEE 754 binary16, narrowing rounds to
  * nearest even as kernels/half.h does; each _ref is the plain C the tests
- * hold the dispatched version to. Other CPUs than x86-64 run the _ref
- * versions. */
+ * hold the dispatched version to. aarch64 has NEON versions of the same
+ * shape; other CPUs run the _ref versions. */
 #include "kernels/vec.h"
 #include "kernels/half.h"
 #include "kernels/matmul.h"
@@ -127,10 +127,83 @@ void vec_f32_to_f16(uint16_t *out, const float *x, int n) {
     if (fast()) f32_to_f16_avx2(out, x, n);
     else vec_f32_to_f16_ref(out, x, n);
 }
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* NEON: the AVX2 versions' shape in 4-lane registers (two accumulators
+ * over 8 values a step, one more 4-value step, the tail in plain C); f16
+ * widens with fcvtl and narrows with fcvtn, which rounds to nearest even
+ * (FPCR's default mode). */
+static inline float32x4_t ld4h(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+static float dot_f32_neon(const float *a, const float *b, int n) {
+    float32x4_t s0 = vdupq_n_f32(0), s1 = vdupq_n_f32(0);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+        s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+    }
+    for (; i + 4 <= n; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+    float s = vaddvq_f32(vaddq_f32(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static float dot_f16_neon(const uint16_t *a, const float *b, int n) {
+    float32x4_t s0 = vdupq_n_f32(0), s1 = vdupq_n_f32(0);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        s0 = vfmaq_f32(s0, ld4h(a + i), vld1q_f32(b + i));
+        s1 = vfmaq_f32(s1, ld4h(a + i + 4), vld1q_f32(b + i + 4));
+    }
+    for (; i + 4 <= n; i += 4) s0 = vfmaq_f32(s0, ld4h(a + i), vld1q_f32(b + i));
+    float s = vaddvq_f32(vaddq_f32(s0, s1));
+    for (; i < n; i++) s += f16_to_f32(a[i]) * b[i];
+    return s;
+}
+
+static void axpy_f32_neon(float *y, float a, const float *x, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void axpy_f16_neon(float *y, float a, const uint16_t *x, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), ld4h(x + i), a));
+    for (; i < n; i++) y[i] += a * f16_to_f32(x[i]);
+}
+
+static void f32_to_f16_neon(uint16_t *out, const float *x, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1_u16(out + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    for (; i < n; i++) out[i] = f32_to_f16(x[i]);
+}
+
+static int fast(void) { return kernels_level() > 0; }
+
+float vec_dot_f32(const float *a, const float *b, int n) {
+    return fast() ? dot_f32_neon(a, b, n) : vec_dot_f32_ref(a, b, n);
+}
+float vec_dot_f16(const uint16_t *a, const float *b, int n) {
+    return fast() ? dot_f16_neon(a, b, n) : vec_dot_f16_ref(a, b, n);
+}
+void vec_axpy_f32(float *y, float a, const float *x, int n) {
+    if (fast()) axpy_f32_neon(y, a, x, n);
+    else vec_axpy_f32_ref(y, a, x, n);
+}
+void vec_axpy_f16(float *y, float a, const uint16_t *x, int n) {
+    if (fast()) axpy_f16_neon(y, a, x, n);
+    else vec_axpy_f16_ref(y, a, x, n);
+}
+void vec_f32_to_f16(uint16_t *out, const float *x, int n) {
+    if (fast()) f32_to_f16_neon(out, x, n);
+    else vec_f32_to_f16_ref(out, x, n);
+}
 #else
 float vec_dot_f32(const float *a, const float *b, int n) { return vec_dot_f32_ref(a, b, n); }
 float vec_dot_f16(const uint16_t *a, const float *b, int n) { return vec_dot_f16_ref(a, b, n); }
 void vec_axpy_f32(float *y, float a, const float *x, int n) { vec_axpy_f32_ref(y, a, x, n); }
 void vec_axpy_f16(float *y, float a, const uint16_t *x, int n) { vec_axpy_f16_ref(y, a, x, n); }
 void vec_f32_to_f16(uint16_t *out, const float *x, int n) { vec_f32_to_f16_ref(out, x, n); }
-#endif /* __x86_64__ */
+#endif /* __x86_64__, __aarch64__ */

@@ -17,8 +17,9 @@
  * where the CPU has it: the block as 8 vectors of 16, stages h = 16, 32, 64
  * between vectors and h = 1..8 inside each with a lane shuffle. It does the
  * same adds in the same pairs as had_fwht, so its results are bit-identical
- * to the plain C block (tested). Other CPUs than x86-64 run the plain C
- * block.
+ * to the plain C block (tested). aarch64 has the same in NEON for every
+ * block size (4-lane vectors, stages 1 and 2 inside them); other CPUs run
+ * the plain C block.
  */
 #include "kv/hadamard.h"
 #include "kernels/matmul.h"
@@ -126,12 +127,63 @@ static void blocks(const float *x, float *y, int d, int pre, int post) {
         else block_ref(x + b, y + b, n, pre, post);
     }
 }
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* Lanes 4v..4v+3 of sign vector which as a mask of the negative ones'
+ * sign bits (which = 0: none). */
+static inline uint32x4_t sign_bits(int which, int v) {
+    static const uint32_t bit[4] = {1, 2, 4, 8};
+    if (!which) return vdupq_n_u32(0);
+    const uint32_t *m = which == 1 ? s1_mask : s2_mask, nib = (m[v / 8] >> (4 * (v % 8))) & 15;
+    return vandq_u32(vtstq_u32(vdupq_n_u32(nib), vld1q_u32(bit)), vdupq_n_u32(0x80000000u));
+}
+
+/* block_ref for n = 32, 64 or 128 as n / 4 vectors of 4: stages h = 1, 2
+ * inside each vector (lane j pairs with lane j ^ h: the lower lane gets
+ * a + b, the upper a - b), h = 4 .. n / 2 between vectors. The same adds
+ * in the same pairs as had_fwht, so the same bits. */
+static void block_neon(const float *x, float *y, int n, int pre, int post) {
+    static const uint32_t up1[4] = {0, ~0u, 0, ~0u}, up2[4] = {0, 0, ~0u, ~0u};
+    const uint32x4_t hi1 = vld1q_u32(up1), hi2 = vld1q_u32(up2);
+    const float inv = 1.0f / sqrtf((float)n);
+    const int nv = n / 4;
+    float32x4_t v[HAD_MAX_BLOCK / 4];
+    for (int i = 0; i < nv; i++) {
+        /* a sign flip is an xor of the sign bit, what -1.0f * x does */
+        const uint32x4_t u = veorq_u32(vreinterpretq_u32_f32(vld1q_f32(x + 4 * i)), sign_bits(pre, i));
+        float32x4_t t = vreinterpretq_f32_u32(u);
+        float32x4_t sw = vrev64q_f32(t);
+        t = vbslq_f32(hi1, vsubq_f32(sw, t), vaddq_f32(t, sw));
+        sw = vextq_f32(t, t, 2);
+        v[i] = vbslq_f32(hi2, vsubq_f32(sw, t), vaddq_f32(t, sw));
+    }
+    for (int h = 1; h < nv; h *= 2)
+        for (int i = 0; i < nv; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const float32x4_t a = v[j], b = v[j + h];
+                v[j] = vaddq_f32(a, b);
+                v[j + h] = vsubq_f32(a, b);
+            }
+    for (int i = 0; i < nv; i++) {
+        const float32x4_t t = vreinterpretq_f32_u32(veorq_u32(vreinterpretq_u32_f32(v[i]), sign_bits(post, i)));
+        vst1q_f32(y + 4 * i, vmulq_n_f32(t, inv));
+    }
+}
+
+static void blocks(const float *x, float *y, int d, int pre, int post) {
+    const int n = had_block(d), fast = kernels_level() > 0;
+    for (int b = 0; b < d; b += n) {
+        if (fast) block_neon(x + b, y + b, n, pre, post);
+        else block_ref(x + b, y + b, n, pre, post);
+    }
+}
 #else
 static void blocks(const float *x, float *y, int d, int pre, int post) {
     const int n = had_block(d);
     for (int b = 0; b < d; b += n) block_ref(x + b, y + b, n, pre, post);
 }
-#endif /* __x86_64__ */
+#endif /* __x86_64__, __aarch64__ */
 
 void had_rotate(const float *x, float *y, int d) { blocks(x, y, d, 1, 2); }
 void had_unrotate(const float *y, float *x, int d) { blocks(y, x, d, 2, 1); }

@@ -84,9 +84,10 @@ typedef struct KVScheme {
     void (*accum)(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc);
     /* Bytes the stream holds for cap positions (what init allocated). */
     size_t (*bytes)(const KVStream *s);
-    /* At kernels_level() >= 3 (AVX-512 VNNI) some schemes score with the
-     * queries rounded to 8-bit integers (vpdpbusd; lm3's to 14-bit words,
-     * vpdpwssd). score_err bounds what that adds beyond float rounding, as
+    /* On AVX-512 VNNI (avx512vnni) some schemes score with the queries
+     * rounded to 8-bit integers (vpdpbusd; lm3's to 14-bit words,
+     * vpdpwssd), and on aarch64's dotprod q8, q4, q4h, tbq4 and polar4 do
+     * the same with sdot. score_err bounds what that adds beyond float rounding, as
      * a share of ‖q‖·‖k‖; score_int is the same integer arithmetic in
      * plain C, which the kernel matches bit for bit (returns -1 where a
      * stream or query does not take that path: other head dims, non-finite
@@ -94,7 +95,7 @@ typedef struct KVScheme {
      * VBMI). 0 / NULL for float schemes. */
     float score_err;
     int (*score_int)(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
-    /* Likewise for accum: at kernels_level() >= 3 q8, tbq, polar4 and lm3
+    /* Likewise for accum: on avx512vnni q8, tbq, polar4 and lm3
      * round the weights p_t · scale to 16-bit integers per span of positions
      * (vpdpwssd, kv/pairs16.h); accum_err bounds what that adds, as a
      * share of Σ_t |p_t · v_t[j]|, and the tests hold the kernel to the

@@ -2,9 +2,10 @@
  * score and accumulate kernels of the packed low-bit KV schemes (layouts in
  * lowbit.h), with integer (AVX-512 VNNI) ones for d = 128 in one block at
  * the end (tbq, polar4, lm3): 4-bit codes on VNNI, 3- and 2-bit codes
- * where the CPU also has VBMI.
+ * where the CPU also has VBMI. aarch64 has NEON decoding and, with
+ * dotprod, the integer scores of 4-bit codes (the last block).
  * The plain C path is kv.c's reference over lb_dequant (the only one on
- * other CPUs than x86-64).
+ * other CPUs).
  *
  * Data flow: attn/ -> kv_score / kv_accum -> the scheme's table (tbq2/3/4,
  * polar4, lm3, q4h point at lb_kv_score / lb_kv_accum) -> here; the index
@@ -1321,6 +1322,119 @@ void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int
         i0 += m;
     }
 }
+#elif defined(__aarch64__)
+#include "kernels/vec.h"
+
+#include <arm_neon.h>
+
+/* ---- aarch64 ----------------------------------------------------------------
+ * NEON: a position is decoded once into floats on the stack (4-bit codes
+ * with table look-ups: byte k of the 16 f32 centroids is one 16-byte
+ * table, so 4 tbl give the 4 bytes of 16 values and st4 lays them down as
+ * floats), then dotted with or added to each head with the NEON vec ops.
+ * dotprod, d = 128, 4-bit codes (tbq4, polar4): lb_score_int_ref's integer
+ * scores, with the codebook bytes signed (cb8 - 128, so the sum needs no
+ * bias) looked up by tbl and multiplied by the query's bytes with sdot. */
+static int nearest_fast(const float *mid, int k, const float *y, int n, int *idx) {
+    (void)mid, (void)k, (void)y, (void)n, (void)idx;
+    return 0;
+}
+
+/* lb_dequant, the same values: cb[idx] · s, one rounding each. */
+static void dequant_neon(const LbFmt *f, const uint8_t *vec, float *out) {
+    if (f->kind != LB_IDX4 || f->renorm || f->n % 32) {
+        lb_dequant(f, vec, out);
+        return;
+    }
+    uint8x16_t tab[4];
+    for (int k = 0; k < 4; k++) {
+        uint8_t b[16];
+        for (int i = 0; i < 16; i++) {
+            uint32_t u;
+            memcpy(&u, &f->cb[i], 4);
+            b[i] = (uint8_t)(u >> (8 * k));
+        }
+        tab[k] = vld1q_u8(b);
+    }
+    for (int b = 0; b < f->nb; b++, vec += f->blk_bytes, out += f->n) {
+        const float s = header(vec, f->hdr);
+        for (int j = 0; j < f->n; j += 32) {
+            /* 16 bytes: values j + 2i in the low nibbles, j + 2i + 1 in the high */
+            const uint8x16_t c = vld1q_u8(vec + f->hdr + j / 2);
+            const uint8x16x2_t idx = vzipq_u8(vandq_u8(c, vdupq_n_u8(15)), vshrq_n_u8(c, 4));
+            for (int h = 0; h < 2; h++) {
+                const uint8x16x4_t v = {{vqtbl1q_u8(tab[0], idx.val[h]), vqtbl1q_u8(tab[1], idx.val[h]),
+                                         vqtbl1q_u8(tab[2], idx.val[h]), vqtbl1q_u8(tab[3], idx.val[h])}};
+                vst4q_u8((uint8_t *)(out + j + 16 * h), v);
+            }
+            for (int k = j; k < j + 32; k += 4) vst1q_f32(out + k, vmulq_n_f32(vld1q_f32(out + k), s));
+        }
+    }
+}
+
+/* lb_score_int_ref's byte scores (i8_path streams): per position the
+ * exact Σ (cb8[idx_j] - 128) q_j, then its float steps in its order. */
+__attribute__((target("arch=armv8.2-a+dotprod"))) static int score_sdot(const KVStream *s, const float *q, int nq,
+                                                                         int t0, int t1, float *out, int ldo) {
+    const LbFmt *f = s->aux;
+    if (!i8_path(s) || f->kind != LB_IDX4 || nq > KV_MAX_NQ) return -1;
+    LbQ8 o[KV_MAX_NQ];
+    for (int i = 0; i < nq; i++) {
+        const float sc = q_scale(q + (size_t)i * 128, 127.0f);
+        if (sc < 0) return -1;
+        q8_prep_ref(q + (size_t)i * 128, sc, f->cb8_s, &o[i]);
+    }
+    int8_t cbs[16];
+    for (int i = 0; i < 16; i++) cbs[i] = (int8_t)(f->cb8[i] - 128);
+    const int8x16_t tab = vld1q_s8(cbs);
+    for (int t = t0; t < t1; t++) {
+        const uint8_t *blk = s->data + (size_t)t * (size_t)f->vec_bytes;
+        /* e[c], d[c]: the centroid bytes of values 32c + 2i and 32c + 2i + 1 */
+        int8x16_t e[4], d[4];
+        for (int c = 0; c < 4; c++) {
+            const uint8x16_t b = vld1q_u8(blk + f->hdr + 16 * c);
+            e[c] = vqtbl1q_s8(tab, vandq_u8(b, vdupq_n_u8(15)));
+            d[c] = vqtbl1q_s8(tab, vshrq_n_u8(b, 4));
+        }
+        const float scale = i8_scale(f, blk);
+        for (int i = 0; i < nq; i++) {
+            int32x4_t a = vdupq_n_s32(0);
+            for (int c = 0; c < 4; c++) {
+                a = vdotq_s32(a, e[c], vld1q_s8(o[i].qe + 16 * c));
+                a = vdotq_s32(a, d[c], vld1q_s8(o[i].qo + 16 * c));
+            }
+            out[(size_t)i * ldo + (t - t0)] = (float)vaddvq_s32(a) * scale * o[i].inv;
+        }
+    }
+    return 0;
+}
+
+void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const LbFmt *f = s->aux;
+    if (kernels_level() >= 2 && !score_sdot(s, q, nq, t0, t1, out, ldo)) return;
+    if (kernels_level() == 0) {
+        kv_score_ref(s, q, nq, t0, t1, out, ldo);
+        return;
+    }
+    float k[KV_MAX_DIM];
+    for (int t = t0; t < t1; t++) {
+        dequant_neon(f, s->data + (size_t)t * (size_t)f->vec_bytes, k);
+        for (int i = 0; i < nq; i++) out[(size_t)i * ldo + (t - t0)] = vec_dot_f32(q + (size_t)i * s->d, k, s->d);
+    }
+}
+
+void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const LbFmt *f = s->aux;
+    if (kernels_level() == 0) {
+        kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
+        return;
+    }
+    float v[KV_MAX_DIM];
+    for (int t = t0; t < t1; t++) {
+        dequant_neon(f, s->data + (size_t)t * (size_t)f->vec_bytes, v);
+        for (int i = 0; i < nq; i++) vec_axpy_f32(acc + (size_t)i * s->d, p[(size_t)i * ldp + (t - t0)], v, s->d);
+    }
+}
 #else
 /* Other CPUs: lm_nearest and kv.c's reference over lb_dequant. */
 static int nearest_fast(const float *mid, int k, const float *y, int n, int *idx) {
@@ -1335,4 +1449,4 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
 void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
 }
-#endif /* __x86_64__ */
+#endif /* __x86_64__, __aarch64__ */

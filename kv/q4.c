@@ -6,8 +6,9 @@
  * q4_kv_accum, kv/q4.h: q4h shares them),
  * never widening a cached vector into a float buffer: integer scores at
  * d = 128 on AVX-512 VNNI (llama.cpp's q4_0 · q8_0), AVX-512 tiles
- * (kv/tile512.h) where the CPU has them, else AVX2 or plain C below (plain
- * C on other CPUs than x86-64).
+ * (kv/tile512.h) where the CPU has them, else AVX2 or plain C below; on
+ * aarch64 integer scores with sdot (dotprod) and NEON floats (plain C on
+ * other CPUs).
  *
  *   block:  | fp16 d | uint8 qs[16] |        18 bytes per 32 values (4.5 bits)
  *   qs[j] = code[j] | code[j+16] << 4        (element j low nibble, j+16 high)
@@ -355,6 +356,107 @@ void q4_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int
     else if (kernels_level() > 0) accum_avx2(s, p, ldp, nq, t0, t1, acc);
     else accum_c(s, p, ldp, nq, t0, t1, acc);
 }
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* ---- aarch64 ----------------------------------------------------------------
+ * dotprod, d = 128: q4_score_int's arithmetic, a block's 16 bytes split into
+ * low and high nibbles (unsigned, 0..15, so signed bytes too) and each
+ * multiplied by its 16 query bytes with sdot; then the same float steps.
+ * NEON: score_c and accum_c with a block's 32 codes widened to 8 vectors
+ * of 4 floats (value j of a block: the low nibble of byte j, j + 16 the
+ * high one), each block's dot summed apart and then scaled, as there. */
+__attribute__((target("arch=armv8.2-a+dotprod"))) static int score_sdot(const KVStream *s, const float *q, int nq,
+                                                                         int t0, int t1, float *out, int ldo) {
+    if (s->d != 128) return -1;
+    for (int i = 0; i < nq; i++) {
+        Q4Q8 o;
+        if (q8_prep_c(q + (size_t)i * 128, &o)) return -1;
+    }
+    for (int i = 0; i < nq; i++) {
+        Q4Q8 o;
+        q8_prep_c(q + (size_t)i * 128, &o);
+        for (int t = t0; t < t1; t++) {
+            const BlockQ4 *b = row(s, t);
+            float f[4];
+            for (int k = 0; k < 4; k++) {
+                const uint8x16_t c = vld1q_u8(b[k].qs);
+                int32x4_t a = vdotq_s32(vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(c, vdupq_n_u8(15))),
+                                        vld1q_s8(o.lo + 16 * k));
+                a = vdotq_s32(a, vreinterpretq_s8_u8(vshrq_n_u8(c, 4)), vld1q_s8(o.hi + 16 * k));
+                f[k] = (float)(vaddvq_s32(a) - o.B[k]) * (f16_to_f32(b[k].d) * o.qd[k]);
+            }
+            out[(size_t)i * ldo + (t - t0)] = (f[0] + f[2]) + (f[1] + f[3]);
+        }
+    }
+    return 0;
+}
+
+/* A block's 32 codes, centred (-8..7), as floats v[0..8) in value order. */
+static inline void widen_block(const BlockQ4 *b, float32x4_t v[8]) {
+    const uint8x16_t c = vld1q_u8(b->qs);
+    const int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(c, vdupq_n_u8(15))), vdupq_n_s8(8)),
+                    hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(c, 4)), vdupq_n_s8(8));
+    const int8x16_t h[2] = {lo, hi};
+    for (int g = 0; g < 2; g++) {
+        const int16x8_t w0 = vmovl_s8(vget_low_s8(h[g])), w1 = vmovl_high_s8(h[g]);
+        v[4 * g] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w0)));
+        v[4 * g + 1] = vcvtq_f32_s32(vmovl_high_s16(w0));
+        v[4 * g + 2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w1)));
+        v[4 * g + 3] = vcvtq_f32_s32(vmovl_high_s16(w1));
+    }
+}
+
+static void score_neon(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const int nb = s->d / QK;
+    for (int t = t0; t < t1; t++) {
+        const BlockQ4 *b = row(s, t);
+        float acc[KV_MAX_NQ] = {0};
+        for (int k = 0; k < nb; k++) {
+            float32x4_t v[8];
+            widen_block(&b[k], v);
+            const float d = f16_to_f32(b[k].d);
+            for (int i = 0; i < nq; i++) {
+                const float *qk = q + (size_t)i * s->d + k * QK;
+                float32x4_t a0 = vmulq_f32(v[0], vld1q_f32(qk)), a1 = vmulq_f32(v[1], vld1q_f32(qk + 4));
+                for (int g = 2; g < 8; g += 2) {
+                    a0 = vfmaq_f32(a0, v[g], vld1q_f32(qk + 4 * g));
+                    a1 = vfmaq_f32(a1, v[g + 1], vld1q_f32(qk + 4 * g + 4));
+                }
+                acc[i] += vaddvq_f32(vaddq_f32(a0, a1)) * d;
+            }
+        }
+        for (int i = 0; i < nq; i++) out[(size_t)i * ldo + (t - t0)] = acc[i];
+    }
+}
+
+static void accum_neon(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const int nb = s->d / QK;
+    for (int t = t0; t < t1; t++) {
+        const BlockQ4 *b = row(s, t);
+        for (int k = 0; k < nb; k++) {
+            float32x4_t v[8];
+            widen_block(&b[k], v);
+            const float d = f16_to_f32(b[k].d);
+            for (int i = 0; i < nq; i++) {
+                const float w = p[(size_t)i * ldp + (t - t0)] * d;
+                float *ai = acc + (size_t)i * s->d + k * QK;
+                for (int g = 0; g < 8; g++) vst1q_f32(ai + 4 * g, vfmaq_n_f32(vld1q_f32(ai + 4 * g), v[g], w));
+            }
+        }
+    }
+}
+
+void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    if (kernels_level() >= 2 && !score_sdot(s, q, nq, t0, t1, out, ldo)) return;
+    if (kernels_level() > 0 && nq <= KV_MAX_NQ) score_neon(s, q, nq, t0, t1, out, ldo);
+    else score_c(s, q, nq, t0, t1, out, ldo);
+}
+
+void q4_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    if (kernels_level() > 0) accum_neon(s, p, ldp, nq, t0, t1, acc);
+    else accum_c(s, p, ldp, nq, t0, t1, acc);
+}
 #else
 void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     score_c(s, q, nq, t0, t1, out, ldo);
@@ -363,7 +465,7 @@ void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
 void q4_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     accum_c(s, p, ldp, nq, t0, t1, acc);
 }
-#endif /* __x86_64__ */
+#endif /* __x86_64__, __aarch64__ */
 
 static size_t q4_bytes(const KVStream *s) { return (size_t)s->cap * row_bytes(s); }
 static size_t q4_span(const KVStream *s, int t) { return (size_t)t * row_bytes(s); }

@@ -15,7 +15,8 @@
 void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
 void q4_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc);
 /* KVScheme.score_int: the integer scores q4_kv_score gives at avx512vnni
- * (d = 128, finite queries; else -1), in plain C with the same rounding. */
+ * and dotprod (d = 128, finite queries; else -1), in plain C with the same
+ * rounding. */
 int q4_score_int(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
 
 #endif

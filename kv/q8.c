@@ -7,8 +7,9 @@
  * and writes them into its tile; attention scores and sums straight from
  * the tiles (q8_score, q8_accum), never widening a cached vector into a
  * float buffer: with AVX-512 VNNI as integer dot products over whole tiles,
- * else in floats over whole tiles with AVX-512 or AVX2 (all below), else
- * plain C through the accessors (always, on other CPUs than x86-64).
+ * else in floats over whole tiles with AVX-512 or AVX2 (all below); on
+ * aarch64 the same with sdot (dotprod) or in NEON floats; else plain C
+ * through the accessors (always, on other CPUs).
  *
  *   tile (16 positions, 17·d bytes): | scales | codes |
  *   scales: fp16 [d/32 blocks][16 positions]          d bytes
@@ -649,6 +650,133 @@ static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0,
     else if (kernels_level() > 0 && s->role == 1 && nq <= 8) accum_a2(s, p, ldp, nq, t0, t1, acc);
     else accum_c(s, p, ldp, nq, t0, t1, acc);
 }
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* ---- aarch64: the same tiles in NEON ---------------------------------------
+ * Scores at dotprod and d = 128 are q8_score_int's arithmetic: a K line's
+ * 64 bytes are 4 vectors of 4 positions' 4 codes, and sdot with the
+ * query's 4 codes of that line in every dword adds each position's 4
+ * products into its lane (int8 by int8, so no +128 and no bias); each
+ * block's 8 lines sum apart, exact, then take the same float steps.
+ * Otherwise in floats, lane = position as well: ld4 splits a K line into
+ * its 4 codes of all 16 positions, each widened and multiplied by the
+ * query's value; a block's 32 values sum apart, then take the scale, as
+ * score_c does. Sums walk a V pair's 32 bytes (8 values of both positions,
+ * interleaved) with ld2, one position after the other, as accum_c does. */
+
+/* Where tile ta's lane l (position ta + l) goes: scores in [t0, t1) only. */
+static inline void store4(float *out, int ta, int l, int t0, int t1, float32x4_t v) {
+    const int t = ta + l;
+    if (t >= t0 && t + 4 <= t1) {
+        vst1q_f32(out + (t - t0), v);
+        return;
+    }
+    float f[4];
+    vst1q_f32(f, v);
+    for (int k = 0; k < 4; k++)
+        if (t + k >= t0 && t + k < t1) out[t + k - t0] = f[k];
+}
+
+/* Block b's 16 fp16 scales, as 4 vectors of 4 positions. */
+static inline void scales16(const uint8_t *tl, int b, float32x4_t dk[4]) {
+    const uint16_t *h = (const uint16_t *)(tl + 32 * b);
+    for (int g = 0; g < 4; g++) dk[g] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + 4 * g)));
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static int score_sdot(const KVStream *s, const float *q, int nq,
+                                                                         int t0, int t1, float *out, int ldo) {
+    if (s->d != 128 || s->role != 0) return -1;
+    for (int i = 0; i < nq; i++) {
+        Q8Query o;
+        if (q8_query_ref(q + (size_t)i * 128, &o)) return -1;
+        for (int ta = t0 - t0 % TT; ta < t1; ta += TT) {
+            const uint8_t *tl = tile(s, ta);
+            float32x4_t f[4][4];
+            for (int b = 0; b < 4; b++) {
+                int32x4_t a[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+                for (int r = 0; r < 8; r++) {
+                    const int8_t *line = (const int8_t *)tl + 128 + 64 * (8 * b + r);
+                    int32_t c4;
+                    memcpy(&c4, o.c + 4 * (8 * b + r), 4);
+                    const int8x16_t qv = vreinterpretq_s8_s32(vdupq_n_s32(c4));
+                    for (int g = 0; g < 4; g++) a[g] = vdotq_s32(a[g], vld1q_s8(line + 16 * g), qv);
+                }
+                float32x4_t dk[4];
+                scales16(tl, b, dk);
+                for (int g = 0; g < 4; g++) f[b][g] = vmulq_f32(vcvtq_f32_s32(a[g]), vmulq_n_f32(dk[g], o.dq[b]));
+            }
+            for (int g = 0; g < 4; g++)
+                store4(out + (size_t)i * ldo, ta, 4 * g, t0, t1,
+                       vaddq_f32(vaddq_f32(f[0][g], f[1][g]), vaddq_f32(f[2][g], f[3][g])));
+        }
+    }
+    return 0;
+}
+
+/* score_c with a lane per position: per block, 8 lines of ld4. */
+static void score_neon(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const int nb = s->d / QK;
+    for (int i = 0; i < nq; i++) {
+        const float *qi = q + (size_t)i * s->d;
+        for (int ta = t0 - t0 % TT; ta < t1; ta += TT) {
+            const uint8_t *tl = tile(s, ta);
+            float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+            for (int b = 0; b < nb; b++) {
+                float32x4_t dot[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+                for (int r = 0; r < 8; r++) {
+                    /* c.val[j]: code 4(8b + r) + j of the 16 positions */
+                    const int8x16x4_t c = vld4q_s8((const int8_t *)tl + s->d + 64 * (8 * b + r));
+                    for (int j = 0; j < 4; j++) {
+                        const float qj = qi[QK * b + 4 * r + j];
+                        const int16x8_t lo = vmovl_s8(vget_low_s8(c.val[j])), hi = vmovl_high_s8(c.val[j]);
+                        dot[0] = vfmaq_n_f32(dot[0], vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), qj);
+                        dot[1] = vfmaq_n_f32(dot[1], vcvtq_f32_s32(vmovl_high_s16(lo)), qj);
+                        dot[2] = vfmaq_n_f32(dot[2], vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), qj);
+                        dot[3] = vfmaq_n_f32(dot[3], vcvtq_f32_s32(vmovl_high_s16(hi)), qj);
+                    }
+                }
+                float32x4_t dk[4];
+                scales16(tl, b, dk);
+                for (int g = 0; g < 4; g++) acc[g] = vfmaq_f32(acc[g], dot[g], dk[g]);
+            }
+            for (int g = 0; g < 4; g++) store4(out + (size_t)i * ldo, ta, 4 * g, t0, t1, acc[g]);
+        }
+    }
+}
+
+/* accum_c over a V tile's pairs: 8 values of a position per step. */
+static void accum_neon(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    for (int t = t0; t < t1; t++) {
+        const uint8_t *tl = tile(s, t);
+        const int8_t *pr = (const int8_t *)tl + s->d + (size_t)(t % TT / 2) * 2 * s->d;
+        for (int k = 0; k < s->d / QK; k++) {
+            const float d = scale_at(s, t, k);
+            for (int i = 0; i < nq; i++) {
+                const float w = p[(size_t)i * ldp + (t - t0)] * d;
+                float *ai = acc + (size_t)i * s->d;
+                for (int j = k * QK; j < (k + 1) * QK; j += 8) {
+                    const int16x8_t v = vmovl_s8(vld2_s8(pr + 2 * j).val[t % 2]);
+                    vst1q_f32(ai + j, vfmaq_n_f32(vld1q_f32(ai + j), vcvtq_f32_s32(vmovl_s16(vget_low_s16(v))), w));
+                    vst1q_f32(ai + j + 4, vfmaq_n_f32(vld1q_f32(ai + j + 4), vcvtq_f32_s32(vmovl_high_s16(v)), w));
+                }
+            }
+        }
+    }
+}
+
+static void q8_append(KVStream *s, const float *x) { append_ref(s, x); }
+
+static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    if (kernels_level() >= 2 && !score_sdot(s, q, nq, t0, t1, out, ldo)) return;
+    if (kernels_level() > 0 && s->role == 0) score_neon(s, q, nq, t0, t1, out, ldo);
+    else score_c(s, q, nq, t0, t1, out, ldo);
+}
+
+static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    if (kernels_level() > 0 && s->role == 1) accum_neon(s, p, ldp, nq, t0, t1, acc);
+    else accum_c(s, p, ldp, nq, t0, t1, acc);
+}
 #else
 /* Other CPUs: plain C throughout. */
 static void q8_append(KVStream *s, const float *x) { append_ref(s, x); }
@@ -660,7 +788,7 @@ static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, 
 static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     accum_c(s, p, ldp, nq, t0, t1, acc);
 }
-#endif /* __x86_64__ */
+#endif /* __x86_64__, __aarch64__ */
 
 static size_t q8_bytes(const KVStream *s) { return n_tiles(s) * tile_bytes(s); }
 /* Whole tiles: a partly filled last one is saved with its unwritten

@@ -118,7 +118,6 @@ Test(kv, round_trip_error) {
  * with ties at half a step (x · id = k + 1/2 for d = 1) and an all-zero
  * block included. */
 Test(kv, append_same_on_every_isa) {
-    const char *isas[] = {"avx2", "avx512", "avx512vnni"};
     for (int si = 0; si < kv_n_schemes; si++)
         for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
             for (int role = 0; role < 2; role++) {
@@ -137,8 +136,8 @@ Test(kv, append_same_on_every_isa) {
                     continue;
                 }
                 for (int t = 0; t < n; t++) kv_stream_append(&a, x + t * d);
-                for (int k = 0; k < 3; k++) {
-                    if (kernels_set_isa(isas[k])) continue;
+                for (int k = 1; k < N_ISAS; k++) {
+                    if (kernels_set_isa(all_isas[k])) continue;
                     open_stream_as(&b, sc, d, n, role);
                     for (int t = 0; t < n; t++) kv_stream_append(&b, x + t * d);
                     float ya[KV_MAX_DIM], yb[KV_MAX_DIM];
@@ -146,7 +145,7 @@ Test(kv, append_same_on_every_isa) {
                         sc->dequant(&a, t, ya);
                         sc->dequant(&b, t, yb);
                         cr_expect(memcmp(ya, yb, sizeof(float) * d) == 0, "%s d=%d role %d on %s: position %d differs",
-                                  sc->name, d, role, isas[k], t);
+                                  sc->name, d, role, all_isas[k], t);
                     }
                     kv_stream_free(&b);
                 }
@@ -160,9 +159,8 @@ static void fast_paths_check(void);
 /* Every scheme's score and accumulate against the reference read path, on
  * each instruction set this CPU has (plain C, AVX2 and AVX-512 paths differ). */
 Test(kv, fast_paths_match_reference) {
-    const char *isas[] = {"ref", "avx2", "avx512", "avx512vnni"};
-    for (int k = 0; k < 4; k++) {
-        if (kernels_set_isa(isas[k])) continue;
+    for (int k = 0; k < N_ISAS; k++) {
+        if (kernels_set_isa(all_isas[k])) continue;
         fast_paths_check();
     }
 }
@@ -228,9 +226,8 @@ static void fast_paths_check(void) {
  * attended at once gives what attn_group gave each right after its own
  * append, KIVI's float window (quantized at 128 and after) included. */
 Test(kv, queries_do_not_depend_on_their_neighbours) {
-    const char *isas[] = {"ref", "avx2", "avx512", "avx512vnni"};
-    for (int k = 0; k < 4; k++) {
-        if (kernels_set_isa(isas[k])) continue;
+    for (int k = 0; k < N_ISAS; k++) {
+        if (kernels_set_isa(all_isas[k])) continue;
         for (int si = 0; si < kv_n_schemes; si++)
             for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
                 for (int role = 0; role < 2; role++) {
@@ -286,7 +283,7 @@ Test(kv, queries_do_not_depend_on_their_neighbours) {
     }
 }
 
-/* Integer scores (kernels_level() 3): each scheme's kernel equals its
+/* Integer scores (avx512vnni, dotprod): each scheme's kernel equals its
  * plain C twin score_int bit for bit (exact integer sums, the same float
  * steps), for 1..6 heads and ranges off the 4-position steps; the twin
  * stays within score_err of the float reference, on Gaussian queries and
@@ -294,7 +291,9 @@ Test(kv, queries_do_not_depend_on_their_neighbours) {
  * a NaN or an infinity takes the float path. Integer sums (accum_err) stay
  * within their allowance of the float reference on softmax-like weights. */
 Test(kv, integer_scores_match_their_twin) {
-    if (kernels_set_isa("avx512vnni")) return; /* no VNNI here */
+    const char *il = !kernels_set_isa("avx512vnni") ? "avx512vnni" : !kernels_set_isa("dotprod") ? "dotprod" : NULL;
+    if (!il) return; /* no integer level here */
+    const char *fl = float_level();
     const int d = 128, n = 203;
     int checked = 0;
     for (int si = 0; si < kv_n_schemes; si++) {
@@ -302,11 +301,13 @@ Test(kv, integer_scores_match_their_twin) {
         KVStream s;
         if (!sc->score_int || !open_stream(&s, sc, d, n)) continue;
         cr_expect(sc->score_err > 0, "%s: score_int without score_err", sc->name);
-        /* 3- and 2-bit codes unpack with VBMI, which some VNNI CPUs lack */
+        /* 3- and 2-bit codes unpack with VBMI, which some VNNI CPUs lack;
+         * aarch64 has integer kernels for some schemes only */
         if (!int_path(&s)) {
             float o, u[128] = {1};
             kv_stream_append(&s, u);
-            cr_expect_eq(sc->score_int(&s, u, 1, 0, 1, &o, 1), -1, "%s: integer scores without VBMI", sc->name);
+            if (!strcmp(il, "avx512vnni"))
+                cr_expect_eq(sc->score_int(&s, u, 1, 0, 1, &o, 1), -1, "%s: integer scores without VBMI", sc->name);
             kv_stream_free(&s);
             continue;
         }
@@ -363,9 +364,9 @@ Test(kv, integer_scores_match_their_twin) {
         qd[17] = NAN;
         cr_expect_eq(sc->score_int(&s, qd, 1, 0, n, b, n), -1, "%s: a NaN query has no integer score", sc->name);
         kv_score(&s, qd, 2, 0, n, a, n);
-        cr_assert_eq(kernels_set_isa("avx512"), 0);
+        cr_assert_eq(kernels_set_isa(fl), 0);
         kv_score(&s, qd, 2, 0, n, b, n);
-        cr_assert_eq(kernels_set_isa("avx512vnni"), 0);
+        cr_assert_eq(kernels_set_isa(il), 0);
         cr_expect(memcmp(a + n, b + n, sizeof(float) * n) == 0, "%s: a group with a NaN query takes the float path",
                   sc->name);
         kv_stream_free(&s);
@@ -415,8 +416,8 @@ Test(kv, attention_close_to_f32) {
              * (integer_scores_match_their_twin, above), and their rounding of
              * q or p moves this output by about 1e-3 */
             const char *isa = kernels_isa();
-            if ((sc->score_err || sc->accum_err) && kernels_level() >= 3) {
-                cr_assert_eq(kernels_set_isa("avx512"), 0);
+            if ((sc->score_err || sc->accum_err) && float_level()) {
+                cr_assert_eq(kernels_set_isa(float_level()), 0);
                 attn_group(&k, &v, q, nq, scale, o, scratch);
                 cr_assert_eq(kernels_set_isa(isa), 0);
             }
@@ -456,7 +457,7 @@ Test(kv, attention_with_spread_scores) {
         fill(q, nq * d);
         for (int j = 0; j < nq * d; j++) q[j] *= 30;
         float *scratch = malloc(sizeof(float) * attn_scratch_floats(nq, d));
-        if ((sc->score_err || sc->accum_err) && kernels_level() >= 3) cr_assert_eq(kernels_set_isa("avx512"), 0);
+        if ((sc->score_err || sc->accum_err) && float_level()) cr_assert_eq(kernels_set_isa(float_level()), 0);
         const uint64_t csr = fp_control();
         attn_group(&k, &v, q, nq, 1.0f / sqrtf((float)d), o, scratch);
         cr_expect_eq(fp_control(), csr, "%s: MXCSR/FPCR %#llx after attention, %#llx before", sc->name,

@@ -382,17 +382,19 @@ static void fast_vs_ref(const char *spec, int role, int d, int L, int nq) {
 }
 
 /* Each case on the plain C path and on every level the CPU has; nq = 11
- * crosses the 8-head tile. Schemes with integer paths at avx512vnni (q8,
- * q4) stop at avx512 for d = 128, the only head dim those paths take:
- * kv::integer_scores_match_their_twin holds them to their own bounds. */
+ * crosses the 8-head tile. Schemes with integer paths (q8 and q4 at
+ * avx512vnni and dotprod) skip those levels for d = 128, the only head
+ * dim those paths take: kv::integer_scores_match_their_twin holds them to
+ * their own bounds. */
 static void fast_vs_ref_all_isas(const char *spec, int role, int d, int L, int nq) {
-    const char *isas[] = {"ref", "avx2", "avx512", "avx512vnni"};
     KVSpec sp;
     char err[256];
     cr_assert_eq(kv_spec_parse(spec, &sp, err, sizeof err), 0, "%s", err);
-    const int levels = (sp.k->score_err || sp.k->accum_err) && d == 128 ? 3 : 4;
-    for (int k = 0; k < levels; k++)
-        if (kernels_set_isa(isas[k]) == 0) fast_vs_ref(spec, role, d, L, nq);
+    const int int_scores = (sp.k->score_err || sp.k->accum_err) && d == 128;
+    for (int k = 0; k < N_ISAS; k++)
+        if (!(int_scores && (!strcmp(all_isas[k], "avx512vnni") || !strcmp(all_isas[k], "dotprod"))) &&
+            kernels_set_isa(all_isas[k]) == 0)
+            fast_vs_ref(spec, role, d, L, nq);
 }
 
 Test(kv_quant, kivi_factored_matches_reference) {

@@ -78,6 +78,33 @@ Test(kv_rotated, fwht_orthonormal_and_inverse) {
     }
 }
 
+/* The SIMD blocks (AVX-512 at n = 128, NEON at every n) do had_fwht's adds
+ * in its pairs: the same bits as the plain C block, signs and scale too. */
+Test(kv_rotated, rotation_same_bits_on_every_isa) {
+    for (size_t di = 0; di < sizeof rot_dims / sizeof rot_dims[0]; di++) {
+        const int d = rot_dims[di];
+        float x[256], want[3][256], got[256];
+        fill(x, d);
+        x[1] = -0.0f, x[2] = 1e-40f;
+        cr_assert_eq(kernels_set_isa("ref"), 0);
+        had_rotate(x, want[0], d);
+        had_unrotate(x, want[1], d);
+        had_plain(x, want[2], d);
+        for (int k = 1; k < N_ISAS; k++) {
+            if (kernels_set_isa(all_isas[k])) continue;
+            for (int f = 0; f < 3; f++) {
+                memcpy(got, x, sizeof(float) * d);
+                if (f == 0) had_rotate(got, got, d);
+                else if (f == 1) had_unrotate(got, got, d);
+                else had_plain(got, got, d);
+                cr_expect(memcmp(got, want[f], sizeof(float) * d) == 0, "%s d=%d transform %d differs", all_isas[k], d,
+                          f);
+            }
+        }
+        kernels_set_isa("ref");
+    }
+}
+
 /* First values listed in the spec, and R e_0 = s1[0] · s2 / √n (H e_0 is all ones). */
 Test(kv_rotated, sign_vectors) {
     const int s1[8] = {-1, +1, +1, -1, -1, +1, -1, +1}, s2[8] = {+1, +1, +1, +1, -1, +1, +1, -1};
@@ -296,7 +323,6 @@ Test(kv_rotated, refused_head_dim) {
  * C path: 1..6 heads (groups of up to 4 are split), ranges off the tiles. */
 Test(kv_rotated, kernel_levels_agree) {
     const char *names[] = {"q4h", "tbq4", "tbq3", "tbq2", "polar4", "lm3"};
-    const char *isas[] = {"avx2", "avx512", "avx512vnni"};
     for (int si = 0; si < 6; si++)
         for (size_t di = 0; di < sizeof rot_dims / sizeof rot_dims[0]; di++) {
             const int d = rot_dims[di], n = 150;
@@ -313,8 +339,8 @@ Test(kv_rotated, kernel_levels_agree) {
                 memset(a0, 0, sizeof a0);
                 kv_score(&s, q, m, 3, n - 1, s0, n);
                 kv_accum(&s, p, n, m, 1, n - 2, a0);
-                for (int k = 0; k < 3; k++) {
-                    if (kernels_set_isa(isas[k])) continue;
+                for (int k = 1; k < N_ISAS; k++) {
+                    if (kernels_set_isa(all_isas[k])) continue;
                     memset(a1, 0, sizeof a1);
                     kv_score(&s, q, m, 3, n - 1, s1, n);
                     kv_accum(&s, p, n, m, 1, n - 2, a1);
@@ -323,13 +349,14 @@ Test(kv_rotated, kernel_levels_agree) {
                             float a = s1[i * n + t], b = s0[i * n + t];
                             cr_expect(fabsf(a - b) <= 1e-5f * (1 + fabsf(b)) * sqrtf((float)d) +
                                                           int_err(&s, q + i * d, t + 3),
-                                      "%s %s d=%d nq=%d score t=%d: %g vs %g", names[si], isas[k], d, m, t + 3, a, b);
+                                      "%s %s d=%d nq=%d score t=%d: %g vs %g", names[si], all_isas[k], d, m, t + 3,
+                                      a, b);
                         }
                         for (int j = 0; j < d; j++) {
                             float a = a1[i * d + j], b = a0[i * d + j];
                             cr_expect(fabsf(a - b) <= 1e-4f * (1 + fabsf(b)) + int_accum_err(&s, p + i * n, 1, n - 2, j),
                                       "%s %s d=%d nq=%d accum j=%d: %g vs %g",
-                                      names[si], isas[k], d, m, j, a, b);
+                                      names[si], all_isas[k], d, m, j, a, b);
                         }
                     }
                 }

@@ -28,15 +28,29 @@ static inline void fill(float *x, int n) {
 }
 #endif
 
+/* Every kernel level of both architectures, each one's lowest first; a
+ * loop over them skips the ones kernels_set_isa refuses on this CPU. */
+static const char *const all_isas[] = {"ref", "avx2", "avx512", "avx512vnni", "neon", "dotprod"};
+#define N_ISAS ((int)(sizeof all_isas / sizeof all_isas[0]))
+
 #ifdef KV_H
-/* The integer kernel level's allowances (KVScheme.score_err, accum_err);
- * 0 at other levels, for float schemes, and where a scheme's integer
- * paths are not taken: 3- and 2-bit codes need VBMI besides VNNI
- * (kv/lowbit.c). Needs kernels/matmul.h. */
+/* The float level below the one running when that one has integer kernels
+ * (avx512vnni: avx512, dotprod: neon), else NULL. Needs kernels/matmul.h. */
+static inline const char *float_level(void) {
+    const char *i = kernels_isa();
+    return !strcmp(i, "avx512vnni") ? "avx512" : !strcmp(i, "dotprod") ? "neon" : NULL;
+}
+
+/* Whether s scores in integers at the level running (KVStream.score_err,
+ * accum_err apply): at avx512vnni every scheme with a score_int twin but
+ * the 3- and 2-bit ones without VBMI (kv/lowbit.c); at dotprod q8, q4,
+ * q4h, tbq4 and polar4; nowhere else. */
 static inline int int_path(const KVStream *s) {
     const char *n = s->scheme->name;
-    if (!kernels_has_vbmi() && (!strcmp(n, "tbq3") || !strcmp(n, "tbq2") || !strcmp(n, "lm3"))) return 0;
-    return kernels_level() >= 3;
+    if (!strcmp(kernels_isa(), "dotprod"))
+        return !strcmp(n, "q8") || !strcmp(n, "q4") || !strcmp(n, "q4h") || !strcmp(n, "tbq4") || !strcmp(n, "polar4");
+    if (strcmp(kernels_isa(), "avx512vnni")) return 0;
+    return kernels_has_vbmi() || (strcmp(n, "tbq3") && strcmp(n, "tbq2") && strcmp(n, "lm3"));
 }
 
 /* What an integer score path may add to float rounding: score_err times

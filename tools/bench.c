@@ -158,6 +158,20 @@ __attribute__((target("avx2"))) static float sum_avx2(const float *a, size_t n) 
     return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
 }
 
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* The same four accumulators in 128-bit registers. */
+static float sum_neon(const float *a, size_t n) {
+    float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < n; i += 16) {
+        s0 = vaddq_f32(s0, vld1q_f32(a + i));
+        s1 = vaddq_f32(s1, vld1q_f32(a + i + 4));
+        s2 = vaddq_f32(s2, vld1q_f32(a + i + 8));
+        s3 = vaddq_f32(s3, vld1q_f32(a + i + 12));
+    }
+    return vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
+}
 #endif
 
 static float sum_plain(const float *a, size_t n) {
@@ -171,6 +185,8 @@ static void read_floats(const float *a, size_t n, int t) {
 #if defined(__x86_64__)
     float (*sum)(const float *, size_t) = __builtin_cpu_supports("avx512f") ? sum_avx512
                                           : __builtin_cpu_supports("avx2") ? sum_avx2 : sum_plain;
+#elif defined(__aarch64__)
+    float (*sum)(const float *, size_t) = kernels_level() > 0 ? sum_neon : sum_plain;
 #else
     float (*sum)(const float *, size_t) = sum_plain;
 #endif
@@ -239,6 +255,21 @@ __attribute__((target("avx2,fma"), noinline)) static float fma256_loop(long iter
     return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
 }
 #undef DECL
+#elif defined(__aarch64__)
+/* NEON fmla on 4 lanes, what the aarch64 matmul kernels issue */
+#define DECL(i) float32x4_t a##i = vdupq_n_f32(1e-3f * i);
+__attribute__((noinline)) static float fma128_loop(long iters) {
+    CHAINS(DECL)
+    const float32x4_t b = vdupq_n_f32(0.999f), c = vdupq_n_f32(1e-3f);
+#define STEP(i) a##i = vfmaq_f32(c, a##i, b);
+    for (long k = 0; k < iters; k++) { CHAINS(STEP) }
+#undef STEP
+    const float32x4_t s = vaddq_f32(vaddq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)),
+                                              vaddq_f32(vaddq_f32(a4, a5), vaddq_f32(a6, a7))),
+                                    vaddq_f32(vaddq_f32(a8, a9), vaddq_f32(a10, a11)));
+    return vaddvq_f32(s);
+}
+#undef DECL
 #else
 /* other CPUs: scalar fmaf chains, what the plain C kernels can reach at best */
 #define DECL(i) float a##i = 1e-3f * i;
@@ -253,8 +284,13 @@ __attribute__((noinline)) static float fma_scalar_loop(long iters) {
 #endif
 #if defined(__x86_64__)
 #define PEAK_NAME (kernels_level() >= 2 ? "FMA-512" : "FMA-256")
+#define PEAK_INSN (kernels_level() >= 2 ? "AVX-512 vfmadd231ps" : "AVX2 vfmadd231ps")
+#elif defined(__aarch64__)
+#define PEAK_NAME "FMA-128"
+#define PEAK_INSN "NEON fmla"
 #else
 #define PEAK_NAME "scalar FMA"
+#define PEAK_INSN "fmaf"
 #endif
 
 /* GFLOP/s of kind (0: the FMA the matmul kernels use, 1: vdpbf16ps) with t
@@ -264,6 +300,9 @@ static double peak(int kind, int t) {
     const long iters = 20000000;
 #if defined(__x86_64__)
     const double flops_per = kind ? 64 : wide ? 32 : 16;
+#elif defined(__aarch64__)
+    const double flops_per = 8;
+    (void)wide, (void)kind;
 #else
     const double flops_per = 2;
     (void)wide, (void)kind;
@@ -276,6 +315,8 @@ static double peak(int kind, int t) {
 #pragma omp parallel num_threads(t) reduction(+ : s)
 #if defined(__x86_64__)
         s += kind ? dpbf16_loop(iters) : wide ? fma512_loop(iters) : fma256_loop(iters);
+#elif defined(__aarch64__)
+        s += fma128_loop(iters);
 #else
         s += fma_scalar_loop(iters);
 #endif
@@ -678,7 +719,7 @@ int main(int argc, char **argv) {
         printf("\n## Arithmetic peak (12 independent chains per thread, best of 3)\n\n"
                "%s is what the matmul kernels issue (bf16 weights widened to f32 in registers)%s\n\n"
                "| threads | %s GFLOP/s |%s\n|---:|---:|%s\n",
-               kernels_level() >= 2 ? "AVX-512 vfmadd231ps" : "AVX2 vfmadd231ps",
+               PEAK_INSN,
                has_bf16 ? "; vdpbf16ps is what they issue for bf16 inputs (-act bf16, section 2b)" : "",
                PEAK_NAME, has_bf16 ? " vdpbf16ps GFLOP/s |" : "",
                has_bf16 ? "---:|" : "");
