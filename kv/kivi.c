@@ -9,7 +9,7 @@
  * Attention reads [quantized | window] through kivi_score (K, zero point
  * factored out per group) and kivi_accum (V, zero point summed per group):
  * AVX-512 kernels for head dims 128 and 256 (V: groups of 16 channels or
- * a multiple), else AVX2, else plain C.
+ * a multiple), else AVX2, else plain C; NEON ones on aarch64.
  *
  * Per group: s = (max - min) / (2^b - 1), z = min, both fp16;
  * code = round(clamp((x - z) / s, 0, 2^b - 1)) with the fp16 s and z
@@ -811,6 +811,129 @@ static void kivi_accum(const KVStream *s, const float *p, int ldp, int nq, int t
     else if (kernels_level() > 0 && k->G % 8 == 0) accum_values_avx2(s, p, ldp, nq, t0, t1, acc);
     else accum_values_c(s, p, ldp, nq, t0, t1, acc);
 }
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* ---- NEON: the AVX2 paths in 4-lane vectors (d % 8 == 0, G % 8 == 0) -----
+ * 8 codes a step from their b bytes: the little-endian word broadcast,
+ * each lane shifted right to its own code (ushl by a negative count) and
+ * masked, as two vectors of 4 (codes c..c+3 and c+4..c+7). A key row's dot
+ * keeps one accumulator per half, added once at the end. */
+static inline void unpack8n(const uint8_t *p, int b, const int32x4_t sh[2], uint32x4_t mask, float32x4_t v[2]) {
+    uint32_t w = 0;
+    memcpy(&w, p, (size_t)b); /* 8 codes of b bits: b bytes */
+    const uint32x4_t x = vdupq_n_u32(w);
+    v[0] = vcvtq_f32_u32(vandq_u32(vshlq_u32(x, sh[0]), mask));
+    v[1] = vcvtq_f32_u32(vandq_u32(vshlq_u32(x, sh[1]), mask));
+}
+
+static inline void shifts_n(int b, int32x4_t sh[2]) {
+    const int32_t s[8] = {0, -b, -2 * b, -3 * b, -4 * b, -5 * b, -6 * b, -7 * b};
+    sh[0] = vld1q_s32(s);
+    sh[1] = vld1q_s32(s + 4);
+}
+
+/* prep_block with the scales and zeros widened 4 at a time. */
+static void prep_block_neon(const KVStream *s, const uint8_t *blk, const float *q, int nh, float (*qs)[KV_MAX_DIM],
+                            float *bias) {
+    const int d = s->d;
+    const uint16_t *sc = (const uint16_t *)blk, *z = sc + d;
+    for (int i = 0; i < nh; i++) {
+        const float *qi = q + (size_t)i * d;
+        float32x4_t bz = vdupq_n_f32(0);
+        for (int c = 0; c < d; c += 4) {
+            const float32x4_t qv = vld1q_f32(qi + c);
+            vst1q_f32(qs[i] + c, vmulq_f32(qv, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(sc + c)))));
+            bz = vfmaq_f32(bz, qv, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(z + c))));
+        }
+        bias[i] = vaddvq_f32(bz);
+    }
+}
+
+static void score_keys_neon(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const Kivi *k = s->aux;
+    const int d = s->d, b = k->b, nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
+    int32x4_t sh[2];
+    shifts_n(b, sh);
+    const uint32x4_t mask = vdupq_n_u32((1u << b) - 1);
+    float qs[HEADS][KV_MAX_DIM], bias[HEADS];
+    for (int h0 = 0; h0 < nq && t0 < tq; h0 += HEADS) {
+        const int nh = nq - h0 < HEADS ? nq - h0 : HEADS;
+        for (int t = t0; t < tq;) {
+            const int bi = t / k->G, te = (bi + 1) * k->G < tq ? (bi + 1) * k->G : tq;
+            const uint8_t *blk = s->data + (size_t)bi * k->unit, *rows = blk + 4 * (size_t)d;
+            prep_block_neon(s, blk, q + (size_t)h0 * d, nh, qs, bias);
+            for (; t < te; t++) {
+                const uint8_t *pc = rows + (size_t)(t - bi * k->G) * k->row;
+                float32x4_t a0[HEADS], a1[HEADS];
+                for (int i = 0; i < nh; i++) a0[i] = a1[i] = vdupq_n_f32(0);
+                for (int c = 0; c < d; c += 8, pc += b) {
+                    float32x4_t cf[2];
+                    unpack8n(pc, b, sh, mask, cf);
+                    for (int i = 0; i < nh; i++) {
+                        a0[i] = vfmaq_f32(a0[i], vld1q_f32(qs[i] + c), cf[0]);
+                        a1[i] = vfmaq_f32(a1[i], vld1q_f32(qs[i] + c + 4), cf[1]);
+                    }
+                }
+                for (int i = 0; i < nh; i++)
+                    out[(size_t)(h0 + i) * ldo + (t - t0)] = vaddvq_f32(vaddq_f32(a0[i], a1[i])) + bias[i];
+            }
+        }
+    }
+    score_window(s, q, nq, t0 > tq ? t0 : tq, t1, out, ldo, t0);
+}
+
+/* accum_values_c with each 8-code chunk unpacked once for every head. */
+static void accum_values_neon(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const Kivi *k = s->aux;
+    const int d = s->d, G = k->G, ng = d / G, b = k->b, nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
+    int32x4_t sh[2];
+    shifts_n(b, sh);
+    const uint32x4_t mask = vdupq_n_u32((1u << b) - 1);
+    float zs[HEADS][KV_MAX_DIM];
+    for (int h0 = 0; h0 < nq && t0 < tq; h0 += HEADS) {
+        const int nh = nq - h0 < HEADS ? nq - h0 : HEADS;
+        for (int i = 0; i < nh; i++) memset(zs[i], 0, (size_t)ng * sizeof(float));
+        for (int t = t0; t < tq; t++) {
+            const uint8_t *u = s->data + (size_t)t * k->unit, *row = u + 4 * (size_t)ng;
+            for (int g = 0; g < ng; g++) {
+                const float sg = ld16(u, g), zg = ld16(u, ng + g);
+                float ws[HEADS];
+                for (int i = 0; i < nh; i++) {
+                    const float w = p[(size_t)(h0 + i) * ldp + (t - t0)];
+                    ws[i] = w * sg;
+                    zs[i][g] += w * zg;
+                }
+                const uint8_t *pc = row + (size_t)g * G * b / 8;
+                for (int c = g * G; c < (g + 1) * G; c += 8, pc += b) {
+                    float32x4_t cf[2];
+                    unpack8n(pc, b, sh, mask, cf);
+                    for (int i = 0; i < nh; i++) {
+                        float *ai = acc + (size_t)(h0 + i) * d + c;
+                        vst1q_f32(ai, vfmaq_n_f32(vld1q_f32(ai), cf[0], ws[i]));
+                        vst1q_f32(ai + 4, vfmaq_n_f32(vld1q_f32(ai + 4), cf[1], ws[i]));
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < nh; i++)
+            for (int c = 0; c < d; c++) acc[(size_t)(h0 + i) * d + c] += zs[i][c / G];
+    }
+    accum_window(s, p, ldp, nq, t0 > tq ? t0 : tq, t1, acc, t0);
+}
+
+static void kivi_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    if (s->role != 0) kv_score_ref(s, q, nq, t0, t1, out, ldo);
+    else if (kernels_level() > 0 && s->d % 8 == 0) score_keys_neon(s, q, nq, t0, t1, out, ldo);
+    else score_keys_c(s, q, nq, t0, t1, out, ldo);
+}
+
+static void kivi_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const Kivi *k = s->aux;
+    if (s->role != 1) kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
+    else if (kernels_level() > 0 && k->G % 8 == 0) accum_values_neon(s, p, ldp, nq, t0, t1, acc);
+    else accum_values_c(s, p, ldp, nq, t0, t1, acc);
+}
 #else
 /* Other CPUs: the same, in plain C. */
 static void kivi_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
@@ -822,7 +945,7 @@ static void kivi_accum(const KVStream *s, const float *p, int ldp, int nq, int t
     if (s->role != 1) kv_accum_ref(s, p, ldp, nq, t0, t1, acc);
     else accum_values_c(s, p, ldp, nq, t0, t1, acc);
 }
-#endif /* __x86_64__ */
+#endif /* __x86_64__, __aarch64__ */
 
 const KVScheme kv_kivi2 = {
     .name = "kivi2", .desc = "KIVI 2-bit: K per channel, V per token, f32 window (g32:r128)",

@@ -1335,9 +1335,18 @@ void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int
  * dotprod, d = 128, 4-bit codes (tbq4, polar4): lb_score_int_ref's integer
  * scores, with the codebook bytes signed (cb8 - 128, so the sum needs no
  * bias) looked up by tbl and multiplied by the query's bytes with sdot. */
+/* lm_nearest 4 values at a time, as nearest16: the strict v > mid counted
+ * in the lanes (an all-ones compare subtracted adds 1). */
 static int nearest_fast(const float *mid, int k, const float *y, int n, int *idx) {
-    (void)mid, (void)k, (void)y, (void)n, (void)idx;
-    return 0;
+    if (kernels_level() == 0) return 0;
+    int j0 = 0;
+    for (; j0 + 4 <= n; j0 += 4) {
+        const float32x4_t v = vld1q_f32(y + j0);
+        uint32x4_t c = vdupq_n_u32(0);
+        for (int m = 0; m < k - 1; m++) c = vsubq_u32(c, vcgtq_f32(v, vdupq_n_f32(mid[m])));
+        vst1q_s32(idx + j0, vreinterpretq_s32_u32(c));
+    }
+    return j0;
 }
 
 /* lb_dequant, the same values: cb[idx] · s, one rounding each. */
