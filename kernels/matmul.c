@@ -123,15 +123,21 @@ static int cpu_has_vbmi(void) {
 
 const char *kernels_built(void) { return "x86-64 AVX2/AVX-512 and plain C"; }
 #elif defined(__aarch64__)
+#if defined(__linux__)
 #include <sys/auxv.h>
+#endif
 /* The kernel's feature bits (Linux's arch/arm64 hwcap.h; glibc's
  * <bits/hwcap.h> has them too, but not every libc does). */
 #define RUN_HWCAP_ASIMD (1UL << 1)
 #define RUN_HWCAP_ASIMDDP (1UL << 20)
 static Isa isa_detect(void) {
+#if defined(__linux__)
     const unsigned long hw = getauxval(AT_HWCAP);
     if (!(hw & RUN_HWCAP_ASIMD)) return ISA_REF;
     return hw & RUN_HWCAP_ASIMDDP ? ISA_DOTPROD : ISA_NEON;
+#else
+    return ISA_NEON; /* Advanced SIMD is part of every aarch64 CPU */
+#endif
 }
 
 const char *kernels_built(void) { return "aarch64 NEON/dotprod and plain C"; }

@@ -200,7 +200,7 @@ float exp_sub_sum(float *x, int n, float m) {
 
 /* exp16's steps on 4 lanes. NaN: fmin/fmax return it, so it stays NaN.
  * 2^k is applied as two exact power-of-two products 2^(k - k/2) 2^(k/2)
- * (k is in [-151, 128], each half a normal scale), which rounds once, as
+ * (k is in [-150, 128], each half a normal scale), which rounds once, as
  * vscalefps does; below -87.33 the result is 0, as there. */
 static inline float32x4_t exp4(float32x4_t x) {
     x = vmaxq_f32(vdupq_n_f32(-104.0f), vminq_f32(vdupq_n_f32(89.0f), x));
@@ -238,9 +238,10 @@ void swiglu(float *a, const float *b, int n) {
     swiglu_ref(a + i, b + i, n - i);
 }
 
-/* 4 running maxima (fmaxnm skips NaNs as the loop does), then the largest
- * of them: max is exact, so the same value as the sequential loop. */
+/* 4 running maxima (fmaxnm skips NaNs in x as the loop does), then the
+ * largest of them: max is exact, so the same value as the sequential loop. */
 static float max_from4(const float *x, int n, float m) {
+    if (m != m) return m; /* a NaN start stays, as in the loop (fmaxnm would drop it) */
     float32x4_t acc = vdupq_n_f32(m);
     int i = 0;
     for (; i + 4 <= n; i += 4) acc = vmaxnmq_f32(acc, vld1q_f32(x + i));

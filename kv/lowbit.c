@@ -1349,13 +1349,13 @@ static int nearest_fast(const float *mid, int k, const float *y, int n, int *idx
     return j0;
 }
 
-/* lb_dequant, the same values: cb[idx] · s, one rounding each. */
-static void dequant_neon(const LbFmt *f, const uint8_t *vec, float *out) {
-    if (f->kind != LB_IDX4 || f->renorm || f->n % 32) {
-        lb_dequant(f, vec, out);
-        return;
-    }
-    uint8x16_t tab[4];
+/* The 4-bit codebook as 4 tables of 16 bytes, byte k of each centroid in
+ * table k: what dequant_neon looks codes up in. */
+typedef struct {
+    uint8x16_t b[4];
+} CbTables;
+
+static void cb_tables(const LbFmt *f, CbTables *t) {
     for (int k = 0; k < 4; k++) {
         uint8_t b[16];
         for (int i = 0; i < 16; i++) {
@@ -1363,21 +1363,36 @@ static void dequant_neon(const LbFmt *f, const uint8_t *vec, float *out) {
             memcpy(&u, &f->cb[i], 4);
             b[i] = (uint8_t)(u >> (8 * k));
         }
-        tab[k] = vld1q_u8(b);
+        t->b[k] = vld1q_u8(b);
+    }
+}
+
+/* lb_dequant, the same values: cb[idx] · s, one rounding each, with
+ * polar4's norm summed over the decoded centroids in value order, as
+ * there. t: cb_tables(f), for 4-bit codes. */
+static void dequant_neon(const LbFmt *f, const CbTables *t, const uint8_t *vec, float *out) {
+    if (f->kind != LB_IDX4 || f->n % 32) {
+        lb_dequant(f, vec, out);
+        return;
     }
     for (int b = 0; b < f->nb; b++, vec += f->blk_bytes, out += f->n) {
-        const float s = header(vec, f->hdr);
+        float s = header(vec, f->hdr);
         for (int j = 0; j < f->n; j += 32) {
             /* 16 bytes: values j + 2i in the low nibbles, j + 2i + 1 in the high */
             const uint8x16_t c = vld1q_u8(vec + f->hdr + j / 2);
             const uint8x16x2_t idx = vzipq_u8(vandq_u8(c, vdupq_n_u8(15)), vshrq_n_u8(c, 4));
             for (int h = 0; h < 2; h++) {
-                const uint8x16x4_t v = {{vqtbl1q_u8(tab[0], idx.val[h]), vqtbl1q_u8(tab[1], idx.val[h]),
-                                         vqtbl1q_u8(tab[2], idx.val[h]), vqtbl1q_u8(tab[3], idx.val[h])}};
+                const uint8x16x4_t v = {{vqtbl1q_u8(t->b[0], idx.val[h]), vqtbl1q_u8(t->b[1], idx.val[h]),
+                                         vqtbl1q_u8(t->b[2], idx.val[h]), vqtbl1q_u8(t->b[3], idx.val[h])}};
                 vst4q_u8((uint8_t *)(out + j + 16 * h), v);
             }
-            for (int k = j; k < j + 32; k += 4) vst1q_f32(out + k, vmulq_n_f32(vld1q_f32(out + k), s));
         }
+        if (f->renorm) {
+            float nn = 0;
+            for (int j = 0; j < f->n; j++) nn += out[j] * out[j];
+            s /= sqrtf(nn);
+        }
+        for (int j = 0; j < f->n; j += 4) vst1q_f32(out + j, vmulq_n_f32(vld1q_f32(out + j), s));
     }
 }
 
@@ -1426,8 +1441,10 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
         return;
     }
     float k[KV_MAX_DIM];
+    CbTables tab;
+    cb_tables(f, &tab);
     for (int t = t0; t < t1; t++) {
-        dequant_neon(f, s->data + (size_t)t * (size_t)f->vec_bytes, k);
+        dequant_neon(f, &tab, s->data + (size_t)t * (size_t)f->vec_bytes, k);
         for (int i = 0; i < nq; i++) out[(size_t)i * ldo + (t - t0)] = vec_dot_f32(q + (size_t)i * s->d, k, s->d);
     }
 }
@@ -1439,8 +1456,10 @@ void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int
         return;
     }
     float v[KV_MAX_DIM];
+    CbTables tab;
+    cb_tables(f, &tab);
     for (int t = t0; t < t1; t++) {
-        dequant_neon(f, s->data + (size_t)t * (size_t)f->vec_bytes, v);
+        dequant_neon(f, &tab, s->data + (size_t)t * (size_t)f->vec_bytes, v);
         for (int i = 0; i < nq; i++) vec_axpy_f32(acc + (size_t)i * s->d, p[(size_t)i * ldp + (t - t0)], v, s->d);
     }
 }

@@ -662,8 +662,9 @@ static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0,
  * Otherwise in floats, lane = position as well: ld4 splits a K line into
  * its 4 codes of all 16 positions, each widened and multiplied by the
  * query's value; a block's 32 values sum apart, then take the scale, as
- * score_c does. Sums walk a V pair's 32 bytes (8 values of both positions,
- * interleaved) with ld2, one position after the other, as accum_c does. */
+ * score_c does. Sums walk a V pair's values 16 bytes at a time (8 values
+ * of both positions, interleaved) with ld2, one position after the other,
+ * as accum_c does. */
 
 /* Where tile ta's lane l (position ta + l) goes: scores in [t0, t1) only. */
 static inline void store4(float *out, int ta, int l, int t0, int t1, float32x4_t v) {

@@ -1090,9 +1090,13 @@ void model_thread_free(void) { matmul_thread_free(); }
 int model_batch_rows(const Model *m) { return m->s.cap; }
 
 uint64_t model_identity(const Model *m) {
-    /* the kernel level by name: x86-64's and aarch64's levels round apart */
-    uint64_t h = kv_hash64(kernels_isa(), strlen(kernels_isa()), KV_FORMAT);
-    h = kv_hash64(&m->cfg, sizeof m->cfg, h);
+#if defined(__aarch64__)
+    /* aarch64's levels round apart from x86-64's of the same number */
+    const uint64_t level = 16 + (uint64_t)kernels_level();
+#else
+    const uint64_t level = (uint64_t)kernels_level();
+#endif
+    uint64_t h = kv_hash64(&m->cfg, sizeof m->cfg, level << 32 | KV_FORMAT);
     for (int i = 0; i < m->ts.n_tensors; i++) {
         const STensor *t = &m->ts.tensors[i];
         h = kv_hash64(t->name, strlen(t->name), h);

@@ -179,6 +179,7 @@ Test(kernels, exp_matches_libm) {
             cr_expect(fabsf(a[i] - a2[i]) <= 1e-6f * (1 + fabsf(a2[i])), "swiglu n=%d i=%d: %g vs %g", n, i, a[i], a2[i]);
         cr_expect(max_from(s1, n, -1.0f) == max_from_ref(s2, n, -1.0f), "max_from n=%d", n);
         cr_expect(max_from(s1, n, 20.0f) == 20.0f, "max_from n=%d keeps a larger start", n);
+        cr_expect(isnan(max_from(s1, n, NAN)), "max_from n=%d keeps a NaN start, as the loop does", n);
         float e1 = exp_sub_sum(s1, n, 3.0f), e2 = exp_sub_sum_ref(s2, n, 3.0f);
         cr_expect(fabsf(e1 - e2) <= 1e-5f * e2, "exp_sub_sum n=%d: %g vs %g", n, e1, e2);
         for (int i = 0; i < n; i++)

@@ -41,8 +41,8 @@ static inline const char *float_level(void) {
     return !strcmp(i, "avx512vnni") ? "avx512" : !strcmp(i, "dotprod") ? "neon" : NULL;
 }
 
-/* Whether s scores in integers at the level running (KVStream.score_err,
- * accum_err apply): at avx512vnni every scheme with a score_int twin but
+/* Whether s scores in integers at the level running (KVStream.score_err
+ * applies, and accum_err on x86-64): at avx512vnni every scheme with a score_int twin but
  * the 3- and 2-bit ones without VBMI (kv/lowbit.c); at dotprod q8, q4,
  * q4h, tbq4 and polar4; nowhere else. */
 static inline int int_path(const KVStream *s) {
@@ -67,7 +67,8 @@ static inline float int_err(const KVStream *s, const float *q, int t) {
 /* What an integer accumulate path may add to float rounding: accum_err
  * times Σ_t |p_t · v_t[j]| over [t0, t1), at the level that has one. */
 static inline float int_accum_err(const KVStream *s, const float *p, int t0, int t1, int j) {
-    if (!s->scheme->accum_err || !int_path(s)) return 0;
+    /* aarch64 sums in floats at every level */
+    if (!s->scheme->accum_err || !int_path(s) || !strcmp(kernels_isa(), "dotprod")) return 0;
     float y[KV_MAX_DIM];
     double mag = 0;
     for (int t = t0; t < t1; t++) {
