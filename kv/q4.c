@@ -82,9 +82,12 @@ static void quantize_block(BlockQ4 *b, const float *x) {
     }
 }
 
+/* quantize_block in 4 lanes (aarch64; below): the same bytes. */
+static void quantize_block_fast(BlockQ4 *b, const float *x);
+
 static void q4_append(KVStream *s, const float *x) {
     BlockQ4 *b = (BlockQ4 *)(s->data + (size_t)s->len * row_bytes(s));
-    for (int k = 0; k < s->d / QK; k++) quantize_block(b + k, x + k * QK);
+    for (int k = 0; k < s->d / QK; k++) quantize_block_fast(b + k, x + k * QK);
 }
 
 /* Rows are independent, so dropping positions is only bookkeeping. */
@@ -351,6 +354,8 @@ void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
     else score_c(s, q, nq, t0, t1, out, ldo);
 }
 
+static void quantize_block_fast(BlockQ4 *b, const float *x) { quantize_block(b, x); }
+
 void q4_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     if (kernels_level() >= 2 && s->d % 128 == 0) accum512(s, p, ldp, nq, t0, t1, acc);
     else if (kernels_level() > 0) accum_avx2(s, p, ldp, nq, t0, t1, acc);
@@ -447,6 +452,39 @@ static void accum_neon(const KVStream *s, const float *p, int ldp, int nq, int t
     }
 }
 
+/* The largest |x| is exact in any order (fmaxnm skips NaNs as the
+ * comparison does); its first holder, the scale and the truncating
+ * conversion (fcvtzs, as the (int8_t) cast) then follow quantize_block. */
+static void quantize_block_fast(BlockQ4 *b, const float *x) {
+    if (kernels_level() == 0) {
+        quantize_block(b, x);
+        return;
+    }
+    float32x4_t m = vdupq_n_f32(0);
+    for (int j = 0; j < QK; j += 4) m = vmaxnmq_f32(m, vabsq_f32(vld1q_f32(x + j)));
+    const float amax = vmaxnmvq_f32(m);
+    float max = 0;
+    for (int j = 0; amax > 0 && j < QK; j++)
+        if (fabsf(x[j]) == amax) {
+            max = x[j];
+            break;
+        }
+    const float d = max / -8, id = d ? 1.0f / d : 0.0f;
+    b->d = f32_to_f16(d);
+    uint8x16_t c[2];
+    for (int h = 0; h < 2; h++) {
+        int32x4_t v[4];
+        for (int g = 0; g < 4; g++) {
+            const float32x4_t y = vaddq_f32(vmulq_n_f32(vld1q_f32(x + 16 * h + 4 * g), id), vdupq_n_f32(8.5f));
+            v[g] = vminq_s32(vcvtq_s32_f32(y), vdupq_n_s32(15));
+        }
+        const int16x8_t lo = vcombine_s16(vmovn_s32(v[0]), vmovn_s32(v[1])),
+                        hi = vcombine_s16(vmovn_s32(v[2]), vmovn_s32(v[3]));
+        c[h] = vreinterpretq_u8_s8(vcombine_s8(vmovn_s16(lo), vmovn_s16(hi)));
+    }
+    vst1q_u8(b->qs, vorrq_u8(c[0], vshlq_n_u8(c[1], 4)));
+}
+
 void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (kernels_level() >= 2 && !score_sdot(s, q, nq, t0, t1, out, ldo)) return;
     if (kernels_level() > 0 && nq <= KV_MAX_NQ) score_neon(s, q, nq, t0, t1, out, ldo);
@@ -458,6 +496,8 @@ void q4_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int
     else accum_c(s, p, ldp, nq, t0, t1, acc);
 }
 #else
+static void quantize_block_fast(BlockQ4 *b, const float *x) { quantize_block(b, x); }
+
 void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     score_c(s, q, nq, t0, t1, out, ldo);
 }

@@ -9,7 +9,8 @@
  * float buffer: with AVX-512 VNNI as integer dot products over whole tiles,
  * else in floats over whole tiles with AVX-512 or AVX2 (all below); on
  * aarch64 the same with sdot (dotprod) or in NEON floats; else plain C
- * through the accessors (always, on other CPUs).
+ * through the accessors (always, on other CPUs). Appends are vectorized on
+ * AVX-512 and NEON, to the same bytes.
  *
  *   tile (16 positions, 17·d bytes): | scales | codes |
  *   scales: fp16 [d/32 blocks][16 positions]          d bytes
@@ -766,7 +767,34 @@ static void accum_neon(const KVStream *s, const float *p, int ldp, int nq, int t
     }
 }
 
-static void q8_append(KVStream *s, const float *x) { append_ref(s, x); }
+/* append_ref in 4 lanes, the same bytes: the max is exact and skips NaN
+ * lanes as fmaxf does (fmaxnm), the scale is the same scalar arithmetic,
+ * and fcvtas rounds half away from zero, as roundf. */
+static void append_neon(KVStream *s, const float *x) {
+    uint8_t *tl = s->data + (size_t)(s->len / TT) * tile_bytes(s);
+    for (int k = 0; k < s->d / QK; k++) {
+        const float *xb = x + k * QK;
+        float32x4_t m = vdupq_n_f32(0);
+        for (int j = 0; j < QK; j += 4) m = vmaxnmq_f32(m, vabsq_f32(vld1q_f32(xb + j)));
+        const float d = vmaxnmvq_f32(m) / 127, id = d ? 1.0f / d : 0.0f;
+        const uint16_t h = f32_to_f16(d);
+        memcpy(tl + scale_off(s->len, k), &h, 2);
+        int8_t q[QK];
+        for (int j = 0; j < QK; j += 8) {
+            const int32x4_t a = vcvtaq_s32_f32(vmulq_n_f32(vld1q_f32(xb + j), id)),
+                            b = vcvtaq_s32_f32(vmulq_n_f32(vld1q_f32(xb + j + 4), id));
+            vst1_s8(q + j, vmovn_s16(vcombine_s16(vmovn_s32(a), vmovn_s32(b))));
+        }
+        /* K: 4 codes to a quad's line; V: every other byte of the pair's row */
+        for (int j = 0; j < QK; j += s->role == 0 ? 4 : 1)
+            memcpy(tl + code_at(s, s->len, k * QK + j), q + j, s->role == 0 ? 4 : 1);
+    }
+}
+
+static void q8_append(KVStream *s, const float *x) {
+    if (kernels_level() > 0) append_neon(s, x);
+    else append_ref(s, x);
+}
 
 static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (kernels_level() >= 2 && !score_sdot(s, q, nq, t0, t1, out, ldo)) return;

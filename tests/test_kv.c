@@ -113,10 +113,11 @@ Test(kv, round_trip_error) {
 }
 
 /* Every scheme stores the same on every instruction set: a SIMD append
- * (q8's) must give the bytes of its plain C twin, which the layout tests
- * pin to ggml's rule. Read back through dequant, bit for bit, positions
- * with ties at half a step (x · id = k + 1/2 for d = 1) and an all-zero
- * block included. */
+ * (q8's, q4's) must give the bytes of its plain C twin, which the layout
+ * tests pin to ggml's rule. Read back through dequant, bit for bit,
+ * positions with ties at half a step (x · id = k + 1/2 for d = 1), an
+ * all-zero block, and blocks whose largest |x| comes twice with both signs
+ * (q4 takes the first one's sign) included. */
 Test(kv, append_same_on_every_isa) {
     for (int si = 0; si < kv_n_schemes; si++)
         for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
@@ -128,6 +129,8 @@ Test(kv, append_same_on_every_isa) {
                 for (int j = 0; j < d; j++) {
                     x[j] = j % 32 == 0 ? 127.0f : (float)(j % 64) - 31.5f;
                     x[d + j] = j < 32 ? 0.0f : x[d + j];
+                    x[2 * d + j] = j % 32 == 5 ? -9.0f : j % 32 == 20 ? 9.0f : x[2 * d + j] / 4;
+                    x[3 * d + j] = j % 32 == 3 ? 9.0f : j % 32 == 30 ? -9.0f : x[3 * d + j] / 4;
                 }
                 KVStream a, b;
                 cr_assert_eq(kernels_set_isa("ref"), 0);
