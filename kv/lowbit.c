@@ -1328,10 +1328,11 @@ void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int
 #include <arm_neon.h>
 
 /* ---- aarch64 ----------------------------------------------------------------
- * NEON: a position is decoded once into floats on the stack (4-bit codes
- * with table look-ups: byte k of the 16 f32 centroids is one 16-byte
- * table, so 4 tbl give the 4 bytes of 16 values and st4 lays them down as
- * floats), then dotted with or added to each head with the NEON vec ops.
+ * NEON: a position is decoded once into floats on the stack (codes
+ * unpacked to a byte each, then table look-ups: byte k of the 16 f32
+ * centroids is one 16-byte table, so 4 tbl give the 4 bytes of 16 values
+ * and st4 lays them down as floats), then dotted with or added to each
+ * head with the NEON vec ops.
  * dotprod, d = 128, 4-bit codes (tbq4, polar4): lb_score_int_ref's integer
  * scores, with the codebook bytes signed (cb8 - 128, so the sum needs no
  * bias) looked up by tbl and multiplied by the query's bytes with sdot. */
@@ -1367,23 +1368,49 @@ static void cb_tables(const LbFmt *f, CbTables *t) {
     }
 }
 
+/* Codes j..j+31 of a block's packed codes qs as one index byte each. */
+static inline void codes32(const uint8_t *qs, int bits, int j, uint8x16_t idx[2]) {
+    if (bits == 4) {
+        /* 16 bytes: values j + 2i in the low nibbles, j + 2i + 1 in the high */
+        const uint8x16_t c = vld1q_u8(qs + j / 2);
+        const uint8x16x2_t z = vzipq_u8(vandq_u8(c, vdupq_n_u8(15)), vshrq_n_u8(c, 4));
+        idx[0] = z.val[0], idx[1] = z.val[1];
+        return;
+    }
+    uint8_t v[32];
+    if (bits == 2) {
+        /* 8 bytes: value j + 4i + k at bits 2k of byte i; st4 interleaves */
+        const uint8x8_t c = vld1_u8(qs + j / 4), m = vdup_n_u8(3);
+        const uint8x8x4_t q = {{vand_u8(c, m), vand_u8(vshr_n_u8(c, 2), m), vand_u8(vshr_n_u8(c, 4), m),
+                                vshr_n_u8(c, 6)}};
+        vst4_u8(v, q);
+    } else {
+        /* 12 bytes: four 24-bit words of 8 codes each */
+        for (int w = 0; w < 4; w++) {
+            const uint8_t *p = qs + 3 * (j / 8 + w);
+            const uint32_t x = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
+            for (int k = 0; k < 8; k++) v[8 * w + k] = (uint8_t)(x >> (3 * k) & 7);
+        }
+    }
+    idx[0] = vld1q_u8(v), idx[1] = vld1q_u8(v + 16);
+}
+
 /* lb_dequant, the same values: cb[idx] · s, one rounding each, with
  * polar4's norm summed over the decoded centroids in value order, as
- * there. t: cb_tables(f), for 4-bit codes. */
+ * there. t: cb_tables(f). Index kinds only, n a multiple of 32. */
 static void dequant_neon(const LbFmt *f, const CbTables *t, const uint8_t *vec, float *out) {
-    if (f->kind != LB_IDX4 || f->n % 32) {
+    if (f->kind == LB_Q4_0 || f->n % 32) {
         lb_dequant(f, vec, out);
         return;
     }
     for (int b = 0; b < f->nb; b++, vec += f->blk_bytes, out += f->n) {
         float s = header(vec, f->hdr);
         for (int j = 0; j < f->n; j += 32) {
-            /* 16 bytes: values j + 2i in the low nibbles, j + 2i + 1 in the high */
-            const uint8x16_t c = vld1q_u8(vec + f->hdr + j / 2);
-            const uint8x16x2_t idx = vzipq_u8(vandq_u8(c, vdupq_n_u8(15)), vshrq_n_u8(c, 4));
+            uint8x16_t idx[2];
+            codes32(vec + f->hdr, f->kind, j, idx);
             for (int h = 0; h < 2; h++) {
-                const uint8x16x4_t v = {{vqtbl1q_u8(t->b[0], idx.val[h]), vqtbl1q_u8(t->b[1], idx.val[h]),
-                                         vqtbl1q_u8(t->b[2], idx.val[h]), vqtbl1q_u8(t->b[3], idx.val[h])}};
+                const uint8x16x4_t v = {{vqtbl1q_u8(t->b[0], idx[h]), vqtbl1q_u8(t->b[1], idx[h]),
+                                         vqtbl1q_u8(t->b[2], idx[h]), vqtbl1q_u8(t->b[3], idx[h])}};
                 vst4q_u8((uint8_t *)(out + j + 16 * h), v);
             }
         }

@@ -319,6 +319,37 @@ Test(kv_rotated, refused_head_dim) {
     }
 }
 
+/* One position summed with weight 1 into zeros is its decoded vector
+ * exactly (1 · v + 0 rounds to v): where a level decodes the codes itself
+ * (the plain C reference, NEON's table look-ups), the bits of dequant. */
+Test(kv_rotated, decoding_levels_give_dequant_bits) {
+    const char *names[] = {"tbq4", "tbq3", "tbq2", "polar4", "lm3"};
+    const char *levels[] = {"ref", "neon", "dotprod"};
+    for (int si = 0; si < 5; si++)
+        for (size_t di = 0; di < sizeof rot_dims / sizeof rot_dims[0]; di++) {
+            const int d = rot_dims[di], n = 20;
+            KVStream s;
+            open_stream(&s, names[si], d, n, 1);
+            float x[256], want[256], got[256], one = 1;
+            for (int t = 0; t < n; t++) {
+                fill(x, d);
+                kv_stream_append(&s, x);
+            }
+            for (int k = 0; k < 3; k++) {
+                if (kernels_set_isa(levels[k])) continue;
+                for (int t = 0; t < n; t++) {
+                    s.scheme->dequant(&s, t, want);
+                    memset(got, 0, sizeof got);
+                    kv_accum(&s, &one, 1, 1, t, t + 1, got);
+                    cr_expect(memcmp(got, want, sizeof(float) * d) == 0, "%s d=%d %s position %d differs", names[si], d,
+                              levels[k], t);
+                }
+            }
+            kernels_set_isa("ref");
+            kv_stream_free(&s);
+        }
+}
+
 /* The same stream through every kernel level this CPU has against the plain
  * C path: 1..6 heads (groups of up to 4 are split), ranges off the tiles. */
 Test(kv_rotated, kernel_levels_agree) {
