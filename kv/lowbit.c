@@ -1460,13 +1460,9 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static int score_sdot(const KV
     return 0;
 }
 
-void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+/* NEON floats: each position decoded once for all nq heads. */
+static void score_neon(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     const LbFmt *f = s->aux;
-    if (kernels_level() >= 2 && !score_sdot(s, q, nq, t0, t1, out, ldo)) return;
-    if (kernels_level() == 0) {
-        kv_score_ref(s, q, nq, t0, t1, out, ldo);
-        return;
-    }
     float k[KV_MAX_DIM];
     CbTables tab;
     cb_tables(f, &tab);
@@ -1474,6 +1470,13 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
         dequant_neon(f, &tab, s->data + (size_t)t * (size_t)f->vec_bytes, k);
         for (int i = 0; i < nq; i++) out[(size_t)i * ldo + (t - t0)] = vec_dot_f32(q + (size_t)i * s->d, k, s->d);
     }
+}
+
+/* Integer scores where they apply; a call with a non-finite query takes
+ * the float path whole, as on x86 (its outputs are not finite anyway). */
+void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    if (kernels_level() == 0) kv_score_ref(s, q, nq, t0, t1, out, ldo);
+    else if (kernels_level() < 2 || score_sdot(s, q, nq, t0, t1, out, ldo)) score_neon(s, q, nq, t0, t1, out, ldo);
 }
 
 void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {

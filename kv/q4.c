@@ -64,7 +64,11 @@ static const BlockQ4 *row(const KVStream *s, int t) {
     return (const BlockQ4 *)(s->data + (size_t)t * row_bytes(s));
 }
 
-/* One block, exactly as ggml, including the truncating (int8_t) cast. */
+/* One block, exactly as ggml, including the truncating (int8_t) cast; the
+ * value is clamped to [0, 15] before it, which changes nothing ggml
+ * defines (x / d + 8.5 lies in [0.5, 16.5]) and gives a block whose
+ * largest |x| is below 2^-125 (1 / d is then infinite) defined codes
+ * where the cast of an infinity would not be (a NaN gives 0). */
 static void quantize_block(BlockQ4 *b, const float *x) {
     float amax = 0, max = 0;
     for (int j = 0; j < QK; j++)
@@ -75,9 +79,8 @@ static void quantize_block(BlockQ4 *b, const float *x) {
     float d = max / -8, id = d ? 1.0f / d : 0.0f;
     b->d = f32_to_f16(d);
     for (int j = 0; j < QK / 2; j++) {
-        int8_t lo = (int8_t)(x[j] * id + 8.5f), hi = (int8_t)(x[j + QK / 2] * id + 8.5f);
-        lo = lo < 15 ? lo : 15;
-        hi = hi < 15 ? hi : 15;
+        const int8_t lo = (int8_t)fminf(fmaxf(x[j] * id + 8.5f, 0.0f), 15.0f),
+                     hi = (int8_t)fminf(fmaxf(x[j + QK / 2] * id + 8.5f, 0.0f), 15.0f);
         b->qs[j] = (uint8_t)(lo | hi << 4);
     }
 }
@@ -453,8 +456,9 @@ static void accum_neon(const KVStream *s, const float *p, int ldp, int nq, int t
 }
 
 /* The largest |x| is exact in any order (fmaxnm skips NaNs as the
- * comparison does); its first holder, the scale and the truncating
- * conversion (fcvtzs, as the (int8_t) cast) then follow quantize_block. */
+ * comparison does); its first holder, the scale, the clamp (fmaxnm and
+ * fminnm, as fmaxf and fminf) and the truncating conversion (fcvtzs, as
+ * the cast) then follow quantize_block. */
 static void quantize_block_fast(BlockQ4 *b, const float *x) {
     if (kernels_level() == 0) {
         quantize_block(b, x);
@@ -476,7 +480,7 @@ static void quantize_block_fast(BlockQ4 *b, const float *x) {
         int32x4_t v[4];
         for (int g = 0; g < 4; g++) {
             const float32x4_t y = vaddq_f32(vmulq_n_f32(vld1q_f32(x + 16 * h + 4 * g), id), vdupq_n_f32(8.5f));
-            v[g] = vminq_s32(vcvtq_s32_f32(y), vdupq_n_s32(15));
+            v[g] = vcvtq_s32_f32(vminnmq_f32(vmaxnmq_f32(y, vdupq_n_f32(0)), vdupq_n_f32(15)));
         }
         const int16x8_t lo = vcombine_s16(vmovn_s32(v[0]), vmovn_s32(v[1])),
                         hi = vcombine_s16(vmovn_s32(v[2]), vmovn_s32(v[3]));
@@ -485,6 +489,8 @@ static void quantize_block_fast(BlockQ4 *b, const float *x) {
     vst1q_u8(b->qs, vorrq_u8(c[0], vshlq_n_u8(c[1], 4)));
 }
 
+/* Integer scores where they apply; a call with a non-finite query takes
+ * the float path whole, as on x86 (its outputs are not finite anyway). */
 void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (kernels_level() >= 2 && !score_sdot(s, q, nq, t0, t1, out, ldo)) return;
     if (kernels_level() > 0 && nq <= KV_MAX_NQ) score_neon(s, q, nq, t0, t1, out, ldo);

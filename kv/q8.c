@@ -796,6 +796,8 @@ static void q8_append(KVStream *s, const float *x) {
     else append_ref(s, x);
 }
 
+/* Integer scores where they apply; a call with a non-finite query takes
+ * the float path whole, as on x86 (its outputs are not finite anyway). */
 static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (kernels_level() >= 2 && !score_sdot(s, q, nq, t0, t1, out, ldo)) return;
     if (kernels_level() > 0 && s->role == 0) score_neon(s, q, nq, t0, t1, out, ldo);
