@@ -1373,13 +1373,6 @@ static void matmul_neon_dt(float *y, const float *x, const Weight *w, int n, DTy
 #undef TILE_NEON
 }
 
-void matmul_thread_free(void) {}
-
-int matmul_reserve(int n, int cols) {
-    (void)n, (void)cols;
-    return 0;
-}
-
 /* One matrix after the other; the relaid layouts (AVX-512's) and DT_Q8I
  * take the reference. */
 void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
@@ -1395,16 +1388,19 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
 
 #else
 /* Other CPUs: the plain C reference, one matrix after the other. */
+void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
+    for (int k = 0; k < count; k++) matmul_ref(y[k], x, w[k], n);
+}
+#endif /* __x86_64__, __aarch64__ */
+
+#if !defined(__x86_64__)
+/* Only the AVX-512 path keeps per-thread buffers. */
 void matmul_thread_free(void) {}
 
 int matmul_reserve(int n, int cols) {
     (void)n, (void)cols;
     return 0;
 }
-
-void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
-    for (int k = 0; k < count; k++) matmul_ref(y[k], x, w[k], n);
-}
-#endif /* __x86_64__, __aarch64__ */
+#endif
 
 void matmul(float *y, const float *x, const Weight *w, int n) { matmul_multi(&y, &w, 1, x, n); }

@@ -54,7 +54,7 @@ AVX2 static inline float hsum(__m256 v) {
 }
 
 /* Two accumulators hide FMA latency; tails run scalar. */
-AVX2 static float dot_f32_avx2(const float *a, const float *b, int n) {
+AVX2 static float dot_f32_simd(const float *a, const float *b, int n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -67,7 +67,7 @@ AVX2 static float dot_f32_avx2(const float *a, const float *b, int n) {
     return s;
 }
 
-AVX2 static float dot_f16_avx2(const uint16_t *a, const float *b, int n) {
+AVX2 static float dot_f16_simd(const uint16_t *a, const float *b, int n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -82,7 +82,7 @@ AVX2 static float dot_f16_avx2(const uint16_t *a, const float *b, int n) {
     return s;
 }
 
-AVX2 static void axpy_f32_avx2(float *y, float a, const float *x, int n) {
+AVX2 static void axpy_f32_simd(float *y, float a, const float *x, int n) {
     __m256 av = _mm256_set1_ps(a);
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -90,7 +90,7 @@ AVX2 static void axpy_f32_avx2(float *y, float a, const float *x, int n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int n) {
+AVX2 static void axpy_f16_simd(float *y, float a, const uint16_t *x, int n) {
     __m256 av = _mm256_set1_ps(a);
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -100,33 +100,13 @@ AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int n) {
 }
 
 /* Round-to-nearest-even (imm 0), the same rounding as f32_to_f16. */
-AVX2 static void f32_to_f16_avx2(uint16_t *out, const float *x, int n) {
+AVX2 static void f32_to_f16_simd(uint16_t *out, const float *x, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
     for (; i < n; i++) out[i] = f32_to_f16(x[i]);
 }
 
-static int fast(void) { return kernels_level() > 0; }
-
-float vec_dot_f32(const float *a, const float *b, int n) {
-    return fast() ? dot_f32_avx2(a, b, n) : vec_dot_f32_ref(a, b, n);
-}
-float vec_dot_f16(const uint16_t *a, const float *b, int n) {
-    return fast() ? dot_f16_avx2(a, b, n) : vec_dot_f16_ref(a, b, n);
-}
-void vec_axpy_f32(float *y, float a, const float *x, int n) {
-    if (fast()) axpy_f32_avx2(y, a, x, n);
-    else vec_axpy_f32_ref(y, a, x, n);
-}
-void vec_axpy_f16(float *y, float a, const uint16_t *x, int n) {
-    if (fast()) axpy_f16_avx2(y, a, x, n);
-    else vec_axpy_f16_ref(y, a, x, n);
-}
-void vec_f32_to_f16(uint16_t *out, const float *x, int n) {
-    if (fast()) f32_to_f16_avx2(out, x, n);
-    else vec_f32_to_f16_ref(out, x, n);
-}
 #elif defined(__aarch64__)
 #include <arm_neon.h>
 
@@ -136,7 +116,7 @@ void vec_f32_to_f16(uint16_t *out, const float *x, int n) {
  * (FPCR's default mode). */
 static inline float32x4_t ld4h(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
 
-static float dot_f32_neon(const float *a, const float *b, int n) {
+static float dot_f32_simd(const float *a, const float *b, int n) {
     float32x4_t s0 = vdupq_n_f32(0), s1 = vdupq_n_f32(0);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -149,7 +129,7 @@ static float dot_f32_neon(const float *a, const float *b, int n) {
     return s;
 }
 
-static float dot_f16_neon(const uint16_t *a, const float *b, int n) {
+static float dot_f16_simd(const uint16_t *a, const float *b, int n) {
     float32x4_t s0 = vdupq_n_f32(0), s1 = vdupq_n_f32(0);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -162,42 +142,46 @@ static float dot_f16_neon(const uint16_t *a, const float *b, int n) {
     return s;
 }
 
-static void axpy_f32_neon(float *y, float a, const float *x, int n) {
+static void axpy_f32_simd(float *y, float a, const float *x, int n) {
     int i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-static void axpy_f16_neon(float *y, float a, const uint16_t *x, int n) {
+static void axpy_f16_simd(float *y, float a, const uint16_t *x, int n) {
     int i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), ld4h(x + i), a));
     for (; i < n; i++) y[i] += a * f16_to_f32(x[i]);
 }
 
-static void f32_to_f16_neon(uint16_t *out, const float *x, int n) {
+static void f32_to_f16_simd(uint16_t *out, const float *x, int n) {
     int i = 0;
     for (; i + 4 <= n; i += 4) vst1_u16(out + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
     for (; i < n; i++) out[i] = f32_to_f16(x[i]);
 }
 
+#endif
+
+#if defined(__x86_64__) || defined(__aarch64__)
+/* The SIMD versions above (AVX2 or NEON) at any level but ref. */
 static int fast(void) { return kernels_level() > 0; }
 
 float vec_dot_f32(const float *a, const float *b, int n) {
-    return fast() ? dot_f32_neon(a, b, n) : vec_dot_f32_ref(a, b, n);
+    return fast() ? dot_f32_simd(a, b, n) : vec_dot_f32_ref(a, b, n);
 }
 float vec_dot_f16(const uint16_t *a, const float *b, int n) {
-    return fast() ? dot_f16_neon(a, b, n) : vec_dot_f16_ref(a, b, n);
+    return fast() ? dot_f16_simd(a, b, n) : vec_dot_f16_ref(a, b, n);
 }
 void vec_axpy_f32(float *y, float a, const float *x, int n) {
-    if (fast()) axpy_f32_neon(y, a, x, n);
+    if (fast()) axpy_f32_simd(y, a, x, n);
     else vec_axpy_f32_ref(y, a, x, n);
 }
 void vec_axpy_f16(float *y, float a, const uint16_t *x, int n) {
-    if (fast()) axpy_f16_neon(y, a, x, n);
+    if (fast()) axpy_f16_simd(y, a, x, n);
     else vec_axpy_f16_ref(y, a, x, n);
 }
 void vec_f32_to_f16(uint16_t *out, const float *x, int n) {
-    if (fast()) f32_to_f16_neon(out, x, n);
+    if (fast()) f32_to_f16_simd(out, x, n);
     else vec_f32_to_f16_ref(out, x, n);
 }
 #else
@@ -206,4 +190,4 @@ float vec_dot_f16(const uint16_t *a, const float *b, int n) { return vec_dot_f16
 void vec_axpy_f32(float *y, float a, const float *x, int n) { vec_axpy_f32_ref(y, a, x, n); }
 void vec_axpy_f16(float *y, float a, const uint16_t *x, int n) { vec_axpy_f16_ref(y, a, x, n); }
 void vec_f32_to_f16(uint16_t *out, const float *x, int n) { vec_f32_to_f16_ref(out, x, n); }
-#endif /* __x86_64__, __aarch64__ */
+#endif

@@ -113,6 +113,18 @@ Test(usage, llama_cpp_option_names) {
 /* Unknown options, options without their value and values out of range
  * name the option and what it expects, exit 2; a comma means a list
  * (compare) and nothing else. */
+/* This machine's kernel level names, and one of another architecture's. */
+#if defined(__aarch64__)
+#define ISA_LEVELS "ref, neon or dotprod"
+#define ISA_FOREIGN "avx2"
+#elif defined(__x86_64__)
+#define ISA_LEVELS "ref, avx2, avx512 or avx512vnni"
+#define ISA_FOREIGN "neon"
+#else
+#define ISA_LEVELS "ref"
+#define ISA_FOREIGN "avx2"
+#endif
+
 Test(usage, option_errors_say_what_was_expected) {
     struct { const char *args, *frag; } cases[] = {
         {"--nope 3", "unknown option '--nope'"},
@@ -141,7 +153,17 @@ Test(usage, option_errors_say_what_was_expected) {
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "an unknown RUN_ISA is a usage error");
     snprintf(cmd, sizeof cmd, "/tmp/run_usage_isa.%d", (int)getpid());
     e = slurp(cmd, NULL);
-    cr_expect(strstr(e, "RUN_ISA: expected ref, avx2, avx512 or avx512vnni, found 'avx1024'"), "%s", e);
+    cr_expect(strstr(e, "RUN_ISA: expected " ISA_LEVELS ", found 'avx1024'"), "%s", e);
+    free(e);
+    remove(cmd);
+    /* the other architecture's level names say so */
+    snprintf(cmd, sizeof cmd, "RUN_ISA=%s %s -i hi -n 1 2>/tmp/run_usage_isa.%d", ISA_FOREIGN, bin(), (int)getpid());
+    st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "another architecture's RUN_ISA is a usage error");
+    snprintf(cmd, sizeof cmd, "/tmp/run_usage_isa.%d", (int)getpid());
+    e = slurp(cmd, NULL);
+    cr_expect(strstr(e, "RUN_ISA=" ISA_FOREIGN ": a level of another architecture") && count(e, "error: ") == 1, "%s",
+              e);
     free(e);
     remove(cmd);
 }
