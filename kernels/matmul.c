@@ -269,8 +269,9 @@ int weight_quantize_q8(const Weight *src, Weight *dst) {
         }
         /* ggml quantize_row_q8_0_ref: q = round(w / d) via the reciprocal;
          * a NaN or an infinity has no code (converting it to int8 is
-         * undefined), so its block is left for the caller to refuse */
-        const float s = amax / 127.0f, id = s > 0 && isfinite(s) ? 1.0f / s : 0.0f;
+         * undefined), so its block is left for the caller to refuse; a
+         * block so small that 1 / d overflows gets codes 0 (as quant32.h) */
+        const float s = amax / 127.0f, id = s > 1.0f / FLT_MAX && isfinite(s) ? 1.0f / s : 0.0f;
         d[b] = s;
         for (int j = 0; j < 32; j++) q[b * 32 + j] = isfinite(v[j]) ? (int8_t)roundf(v[j] * id) : 0;
     }

@@ -65,7 +65,7 @@ extern "C" size_t cuda_kv_stream_bytes(int fmt, int hd, int cap) { return kv_str
  * through the f32 1 / d; V (role 1) codes pair positions byte by byte. */
 __device__ void q8_store(uint8_t *tiles, int hd, int pos, int t, float x, int role) {
     const float amax = warp_max(fabsf(x));
-    const float d = __fdiv_rn(amax, 127.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const float d = __fdiv_rn(amax, 127.0f), id = d > 1.0f / 3.40282347e38f ? __fdiv_rn(1.0f, d) : 0.0f;
     uint8_t *tl = tiles + (size_t)(pos / 16) * 17 * hd;
     const int r = pos % 16, k = t / 32;
     if ((t & 31) == 0) {

@@ -3,7 +3,8 @@
  * (queries): one definition, so both round alike.
  *
  *   d = max|x| / 127 (returned), q[j] = x[j] · (1 / d) rounded to nearest
- *   even (all 0 when d = 0), *bias = -128 Σ q
+ *   even (all 0 when 1 / d is not finite: d = 0, or d so small that
+ *   1 / d overflows), *bias = -128 Σ q
  *
  * Nearest even, not ggml's half away from zero: lrintf and vcvtps2dq are
  * one instruction each, where roundf is a libm call.
@@ -13,18 +14,20 @@
  * quantize32_512 gives the same numbers as quantize32_ref for finite x:
  * the max and the sum are exact in any order, the scale is the same
  * scalar arithmetic, and vcvtps2dq rounds as lrintf does by default
- * (x86-64 only; elsewhere quantize32_ref is the one version).
+ * quantize32_avx2 likewise (x86-64 only; elsewhere quantize32_ref is the
+ * one version).
  */
 #ifndef KERNELS_QUANT32_H
 #define KERNELS_QUANT32_H
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
 static inline float quantize32_ref(const float *x, int8_t *q, int32_t *bias) {
     float amax = 0;
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-    const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+    const float d = amax / 127.0f, id = d > 1.0f / FLT_MAX ? 1.0f / d : 0.0f;
     int32_t sum = 0;
     for (int j = 0; j < 32; j++) sum += q[j] = (int8_t)lrintf(x[j] * id);
     *bias = -128 * sum;
@@ -38,13 +41,42 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), always_inline)) sta
 quantize32_512(const float *x, int8_t *q, int32_t *bias) {
     const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-    const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+    const float d = amax / 127.0f, id = d > 1.0f / FLT_MAX ? 1.0f / d : 0.0f;
     const __m512 vid = _mm512_set1_ps(id);
     const __m512i ql = _mm512_cvtps_epi32(_mm512_mul_ps(lo, vid)), qh = _mm512_cvtps_epi32(_mm512_mul_ps(hi, vid));
     _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(ql));
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qh));
     /* unsigned: a NaN activation (garbage either way) must not overflow */
     *bias = (int32_t)(0u - 128u * (uint32_t)_mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh)));
+    return d;
+}
+/* x[0..31] · s rounded to nearest even, as bytes in order (the caller
+ * keeps |x · s| <= 127), and their sum added to *sum's lanes: what the
+ * AVX2 integer scores (kv/) make of their queries. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i round32_avx2(const float *x, __m256 s, __m256i *sum) {
+    __m256i v[4];
+    for (int k = 0; k < 4; k++) v[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), s));
+    *sum = _mm256_add_epi32(*sum, _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3])));
+    /* the packs work per 128-bit lane: dwords come out in the order 0 4 1 5 2 6 3 7 */
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* quantize32_ref with 8 lanes: the same numbers for finite x. */
+__attribute__((target("avx2"), always_inline)) static inline float quantize32_avx2(const float *x, int8_t *q,
+                                                                                 int32_t *bias) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
+    for (int k = 8; k < 32; k += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float d = amax / 127.0f, id = d > 1.0f / FLT_MAX ? 1.0f / d : 0.0f;
+    __m256i sum = _mm256_setzero_si256();
+    _mm256_storeu_si256((__m256i *)q, round32_avx2(x, _mm256_set1_ps(id), &sum));
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    *bias = -128 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
     return d;
 }
 #endif /* __x86_64__ */

@@ -86,8 +86,9 @@ typedef struct KVScheme {
     size_t (*bytes)(const KVStream *s);
     /* On AVX-512 VNNI (avx512vnni) some schemes score with the queries
      * rounded to 8-bit integers (vpdpbusd; lm3's to 14-bit words,
-     * vpdpwssd), and on aarch64's dotprod q8, q4, q4h, tbq4 and polar4 do
-     * the same with sdot. score_err bounds what that adds beyond float rounding, as
+     * vpdpwssd), and q8, q4, q4h, tbq4 and polar4 do the same on AVX2
+     * (avx2, vpmaddubsw) and on aarch64's dotprod (sdot), with the same
+     * integers. score_err bounds what that adds beyond float rounding, as
      * a share of ‖q‖·‖k‖; score_int is the same integer arithmetic in
      * plain C, which the kernel matches bit for bit (returns -1 where a
      * stream or query does not take that path: other head dims, non-finite

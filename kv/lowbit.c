@@ -2,8 +2,9 @@
  * score and accumulate kernels of the packed low-bit KV schemes (layouts in
  * lowbit.h), with integer (AVX-512 VNNI) ones for d = 128 in one block at
  * the end (tbq, polar4, lm3): 4-bit codes on VNNI, 3- and 2-bit codes
- * where the CPU also has VBMI. aarch64 has NEON decoding and, with
- * dotprod, the integer scores of 4-bit codes (the last block).
+ * where the CPU also has VBMI. AVX2 scores 4-bit codes in integers too
+ * (tbq4, polar4). aarch64 has NEON decoding and, with dotprod, the
+ * integer scores of 4-bit codes (the last block).
  * The plain C path is kv.c's reference over lb_dequant (the only one on
  * other CPUs).
  *
@@ -325,6 +326,7 @@ size_t lb_kv_span(const KVStream *s, int t) {
 
 #if defined(__x86_64__)
 #include "kernels/hsum.h"
+#include "kernels/quant32.h"
 #include "kv/pairs16.h"
 
 #include <immintrin.h>
@@ -348,6 +350,34 @@ static int nearest_fast(const float *mid, int k, const float *y, int n, int *idx
 }
 
 /* ---- AVX2 kernels -------------------------------------------------------- */
+
+/* Plain always_inline: they need only SSE, so every x86 level below may
+ * inline them. */
+#define PREFETCH __attribute__((always_inline)) static inline
+
+/* Positions [t, t + n) of a stream of vb-byte vectors, fetched ahead of
+ * use into L1, and the same LB_FAR positions on from DRAM into L2: the K
+ * and V streams alternate every attention chunk, and without the near ones
+ * the 4-bit kernels wait on memory at long context. Always inline like
+ * the kernels it serves: as a plain static inline, GCC 12 emits none of
+ * its prefetches (no prefetcht0 in this file's object). Both distances pay
+ * at long context (docs/kernel-notes.md#lowbit-prefetch). */
+#define LB_AHEAD 32
+#define LB_FAR P16_FAR /* pairs16.h's far distance (512 positions), tuned with it */
+
+/* The near half alone: what the 3- and 2-bit integer scores take, whose
+ * far prefetches cost more than they saved (docs/kernel-notes.md#tbq-vbmi). */
+PREFETCH void lb_prefetch_near(const uint8_t *data, int vb, int t, int n) {
+    const char *p = (const char *)data + (size_t)t * (size_t)vb;
+    for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
+PREFETCH void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
+    const char *p = (const char *)data + (size_t)t * (size_t)vb;
+    lb_prefetch_near(data, vb, t, n);
+    for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + (size_t)LB_FAR * vb + b, _MM_HINT_T1);
+}
+
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
@@ -536,6 +566,155 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
 #undef ACCUM
 }
 
+/* ---- AVX2 integer scores for 4-bit codes -----------------------------------
+ * d = 128, tbq4 and polar4: lb_score_int_ref's arithmetic with 256-bit
+ * integers. vpshufb looks 32 codes up at once in the 16-byte codebook with
+ * its bytes signed (cb8 - 128, so the sum needs no bias term), held in both
+ * lanes. vpmaddubsw multiplies unsigned by signed bytes, so the query's
+ * signs move onto the codebook bytes (vpsignb) and its magnitudes stay
+ * unsigned: two products of at most 127 · 127 each fit its int16 pair sum,
+ * which vpmaddwd widens to int32 before any further addition. Every sum is
+ * exact, so the integer equals the twin's Σ cb8[idx]·q - bias. */
+
+/* One head's query as this path reads it: magnitudes and signs apart. */
+typedef struct {
+    uint8_t ae[64], ao[64]; /* |qe|, |qo| */
+    int8_t se[64], so[64];  /* qe, qo: their signs for vpsignb */
+} LbQ8Avx2;
+
+/* [sum(a), sum(b), sum(c), sum(d)] of 8 int32 lanes each. */
+AVX2_INLINE __m128i hsum4_256i(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+    const __m256i cd = _mm256_add_epi32(_mm256_unpacklo_epi32(c, d), _mm256_unpackhi_epi32(c, d));
+    const __m256i s = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+/* q·cb over 32 byte pairs in 8 int32 lanes: |q| times cb with q's sign. */
+AVX2_INLINE __m256i dot32_i8(__m256i cb, const uint8_t *aq, const int8_t *sq) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)aq),
+                                           _mm256_sign_epi8(cb, _mm256_loadu_si256((const __m256i *)sq)));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Σ sq14[idx] of one block's 128 codes (low nibbles l0, l1, high h0, h1):
+ * four 6-bit sq_lo bytes add up in a byte, vpsadbw sums bytes exactly. */
+AVX2_INLINE __m256i norm2_avx2(__m256i l0, __m256i h0, __m256i l1, __m256i h1, __m256i sql, __m256i sqh) {
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i lo = _mm256_add_epi8(_mm256_add_epi8(_mm256_shuffle_epi8(sql, l0), _mm256_shuffle_epi8(sql, h0)),
+                                       _mm256_add_epi8(_mm256_shuffle_epi8(sql, l1), _mm256_shuffle_epi8(sql, h1)));
+    const __m256i hi = _mm256_add_epi64(
+        _mm256_add_epi64(_mm256_sad_epu8(_mm256_shuffle_epi8(sqh, l0), z), _mm256_sad_epu8(_mm256_shuffle_epi8(sqh, h0), z)),
+        _mm256_add_epi64(_mm256_sad_epu8(_mm256_shuffle_epi8(sqh, l1), z), _mm256_sad_epu8(_mm256_shuffle_epi8(sqh, h1), z)));
+    /* 64-bit lanes below 2^22: their low dwords carry the sums */
+    return _mm256_add_epi64(_mm256_sad_epu8(lo, z), _mm256_slli_epi64(hi, 6));
+}
+
+/* Positions [t0, t1) for NQ <= 4 prepared queries, four at a time: one
+ * hsum tree per head for the four, then lb_score_int_ref's float steps in
+ * its order. RN: polar4's γ / ‖cb[idx]‖ with the integer norms. */
+AVX2_INLINE void score_i8_avx2_body(const LbFmt *f, const int NQ, const int RN, const uint8_t *data,
+                                    const LbQ8Avx2 *o, const float *inv, int t0, int t1, float *out, int ldo) {
+    int8_t cbs[16];
+    for (int i = 0; i < 16; i++) cbs[i] = (int8_t)(f->cb8[i] - 128);
+    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cbs)),
+                  sql = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->sq_lo)),
+                  sqh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->sq_hi)),
+                  m4 = _mm256_set1_epi8(15);
+    const size_t vb = (size_t)f->vec_bytes;
+    for (int t = t0; t < t1; t += 4) {
+        const int R = t1 - t < 4 ? t1 - t : 4;
+        __m256i acc[4][4], nrm[4];
+        float sc[4] = {0, 0, 0, 0};
+        lb_prefetch(data, f->vec_bytes, t + LB_AHEAD, 4);
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) {
+                for (int i = 0; i < NQ; i++) acc[r][i] = _mm256_setzero_si256();
+                nrm[r] = _mm256_set1_epi64x(1); /* any nonzero norm: the lane is not stored */
+                continue;
+            }
+            const uint8_t *blk = data + (size_t)(t + r) * vb;
+            /* bytes 0-31 hold values 0-63, 32-63 values 64-127; low nibble = even value */
+            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(blk + f->hdr)),
+                          v1 = _mm256_loadu_si256((const __m256i *)(blk + f->hdr + 32));
+            const __m256i l0 = _mm256_and_si256(v0, m4), h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+                          l1 = _mm256_and_si256(v1, m4), h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
+            const __m256i e0 = _mm256_shuffle_epi8(tbl, l0), d0 = _mm256_shuffle_epi8(tbl, h0),
+                          e1 = _mm256_shuffle_epi8(tbl, l1), d1 = _mm256_shuffle_epi8(tbl, h1);
+            for (int i = 0; i < NQ; i++)
+                acc[r][i] = _mm256_add_epi32(
+                    _mm256_add_epi32(dot32_i8(e0, o[i].ae, o[i].se), dot32_i8(d0, o[i].ao, o[i].so)),
+                    _mm256_add_epi32(dot32_i8(e1, o[i].ae + 32, o[i].se + 32), dot32_i8(d1, o[i].ao + 32, o[i].so + 32)));
+            if (RN) nrm[r] = norm2_avx2(l0, h0, l1, h1, sql, sqh);
+            sc[r] = header_avx2(blk, f->hdr);
+        }
+        if (RN) {
+            /* each norm sits in dword lanes 0, 2, 4, 6; the rest are zero */
+            const __m128 n2 = _mm_cvtepi32_ps(hsum4_256i(nrm[0], nrm[1], nrm[2], nrm[3]));
+            _mm_storeu_ps(sc, _mm_div_ps(_mm_loadu_ps(sc), _mm_sqrt_ps(_mm_mul_ps(n2, _mm_set1_ps(f->sq_d)))));
+        }
+        const __m128 sv = _mm_loadu_ps(sc);
+        for (int i = 0; i < NQ; i++) {
+            float s4[4];
+            const __m128 dot = _mm_cvtepi32_ps(hsum4_256i(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
+            _mm_storeu_ps(s4, _mm_mul_ps(_mm_mul_ps(dot, sv), _mm_set1_ps(inv[i])));
+            for (int r = 0; r < R; r++) out[(size_t)i * ldo + (t - t0) + r] = s4[r];
+        }
+    }
+}
+
+/* q_scale and q8_prep_ref in 8 lanes (max is exact, vcvtps2dq rounds as
+ * lrintf does): the same bytes, split into even and odd values; -1 for a
+ * non-finite query. */
+AVX2_INLINE int q8_prep_avx2(const float *q, float cb8_s, LbQ8Avx2 *o, float *inv) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int j = 0; j < 128; j += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(q + j));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ)); /* NaN, ±inf */
+        m = _mm256_max_ps(m, a);
+    }
+    if (_mm256_movemask_ps(bad)) return -1;
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h))), s = mx > 127.0f / FLT_MAX ? 127.0f / mx : 0;
+    /* per 128-bit lane even bytes to its low half, odd to its high half */
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
+                                           14, 1, 3, 5, 7, 9, 11, 13, 15);
+    __m256i sum = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+        const __m256i b = _mm256_permute4x64_epi64(
+            _mm256_shuffle_epi8(round32_avx2(q + 32 * k, _mm256_set1_ps(s), &sum), split), 0xd8); /* 0 2 1 3 */
+        const __m128i e = _mm256_castsi256_si128(b), d = _mm256_extracti128_si256(b, 1);
+        _mm_storeu_si128((__m128i *)(o->se + 16 * k), e);
+        _mm_storeu_si128((__m128i *)(o->so + 16 * k), d);
+        _mm_storeu_si128((__m128i *)(o->ae + 16 * k), _mm_abs_epi8(e));
+        _mm_storeu_si128((__m128i *)(o->ao + 16 * k), _mm_abs_epi8(d));
+    }
+    *inv = s > 0 ? 1.0f / (s * cb8_s) : 0;
+    return 0;
+}
+
+/* 0, or -1 when a query is not finite (the caller takes the float path). */
+AVX2 static int score_i8_avx2(const LbFmt *f, const uint8_t *data, const float *q, int nq, int t0, int t1,
+                              float *out, int ldo) {
+    LbQ8Avx2 o[4];
+    float inv[4];
+    for (int i = 0; i < nq; i++)
+        if (q8_prep_avx2(q + (size_t)i * 128, f->cb8_s, &o[i], &inv[i])) return -1;
+#define SCORE_I8(NQ)                                                                                                \
+    f->renorm ? score_i8_avx2_body(f, NQ, 1, data, o, inv, t0, t1, out, ldo)                                        \
+              : score_i8_avx2_body(f, NQ, 0, data, o, inv, t0, t1, out, ldo)
+    switch (nq) {
+    case 1: SCORE_I8(1); break;
+    case 2: SCORE_I8(2); break;
+    case 3: SCORE_I8(3); break;
+    default: SCORE_I8(4); break;
+    }
+#undef SCORE_I8
+    return 0;
+}
+
 /* ---- AVX-512 kernels for 4-bit codes --------------------------------------
  * A 16-entry codebook fits one zmm register and vpermps looks 16 lanes up at
  * once using their low 4 bits, so 16 codes decode in two instructions: a
@@ -547,29 +726,6 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
 
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma,f16c")))
 #define AVX512_INLINE __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) static inline
-
-/* Positions [t, t + n) of a stream of vb-byte vectors, fetched ahead of
- * use into L1, and the same LB_FAR positions on from DRAM into L2: the K
- * and V streams alternate every attention chunk, and without the near ones
- * the 4-bit kernels wait on memory at long context. Always inline like
- * the kernels it serves: as a plain static inline, GCC 12 emits none of
- * its prefetches (no prefetcht0 in this file's object). Both distances pay
- * at long context (docs/kernel-notes.md#lowbit-prefetch). */
-#define LB_AHEAD 32
-#define LB_FAR P16_FAR /* pairs16.h's far distance (512 positions), tuned with it */
-
-/* The near half alone: what the 3- and 2-bit integer scores take, whose
- * far prefetches cost more than they saved (docs/kernel-notes.md#tbq-vbmi). */
-AVX512_INLINE void lb_prefetch_near(const uint8_t *data, int vb, int t, int n) {
-    const char *p = (const char *)data + (size_t)t * (size_t)vb;
-    for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-}
-
-AVX512_INLINE void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
-    const char *p = (const char *)data + (size_t)t * (size_t)vb;
-    lb_prefetch_near(data, vb, t, n);
-    for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + (size_t)LB_FAR * vb + b, _MM_HINT_T1);
-}
 
 /* Lane l of a decoded 16-group holds value perm16[l] of the group, and
  * value m sits in lane unperm16[m]. */
@@ -1292,6 +1448,10 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
         if (kernels_level() >= 3 && i8_path(s) &&
             !(f->kind == LB_IDX4 ? score_i8(f, s->data, qi, m, t0, t1, oi, ldo)
                                  : score_vb(f, s->data, qi, m, t0, t1, oi, ldo))) {
+            i0 += m;
+            continue;
+        }
+        if (kernels_level() == 1 && i8_path(s) && f->kind == LB_IDX4 && !score_i8_avx2(f, s->data, qi, m, t0, t1, oi, ldo)) {
             i0 += m;
             continue;
         }

@@ -5,8 +5,8 @@
  * attention scores and sums straight from the nibbles (q4_kv_score,
  * q4_kv_accum, kv/q4.h: q4h shares them),
  * never widening a cached vector into a float buffer: integer scores at
- * d = 128 on AVX-512 VNNI (llama.cpp's q4_0 · q8_0), AVX-512 tiles
- * (kv/tile512.h) where the CPU has them, else AVX2 or plain C below; on
+ * d = 128 on AVX-512 VNNI and AVX2 (llama.cpp's q4_0 · q8_0), AVX-512
+ * tiles (kv/tile512.h) where the CPU has them, else AVX2 or plain C below; on
  * aarch64 integer scores with sdot (dotprod) and NEON floats (plain C on
  * other CPUs).
  *
@@ -27,6 +27,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define QK 32
 
@@ -206,6 +207,7 @@ int q4_score_int(const KVStream *s, const float *q, int nq, int t0, int t1, floa
 }
 
 #if defined(__x86_64__)
+#include "kernels/quant32.h"
 #include "kv/block32_avx2.h"
 #include "kv/tile512.h"
 
@@ -340,6 +342,126 @@ score_i8(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, 
     return 0;
 }
 
+/* The same integer scores on AVX2 (d = 128): vpmaddubsw takes the nibbles
+ * as unsigned bytes against the query's signed ones, and its int16 pair
+ * sums (at most 2 · 15 · 127) add twice more before vpmaddwd widens them,
+ * so every sum is exact. Two blocks share a register (block 2h in the low
+ * lane, 2h + 1 in the high); a position's 8 lane sums fold to its four
+ * I_k, two positions interleaved per vector, then q4_score_int's float
+ * steps in its order: lane pairs (f_0, f_2) and (f_1, f_3) add first, by
+ * vhaddps, then the two halves. */
+#define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+
+/* One position's 8 int32 lanes per block pair: lanes 0-3 block 2h, 4-7
+ * block 2h + 1 (h = 0, 1). */
+AVX2_INLINE void dot_q4_avx2(const uint8_t *row, const Q4Q8 *o, const int NQ, __m256i (*a)[2]) {
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *qs = row + 36 * h + 2;
+        const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qs)),
+                                                  _mm_loadu_si128((const __m128i *)(qs + 18)), 1);
+        const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        for (int i = 0; i < NQ; i++) {
+            const __m256i p =
+                _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(o[i].lo + 32 * h))),
+                                 _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(o[i].hi + 32 * h))));
+            a[i][h] = _mm256_madd_epi16(p, one);
+        }
+    }
+}
+
+/* Block scales of positions r and r + 1 in the lanes of a folded pair:
+ * low lane (r: d_0, d_2; r + 1: d_0, d_2), high lane the same of d_1, d_3. */
+AVX2_INLINE __m256 scales_q4_avx2(const uint8_t *r0, const uint8_t *r1) {
+    uint16_t h[8];
+    const int k[8] = {0, 2, 0, 2, 1, 3, 1, 3};
+    for (int j = 0; j < 8; j++) memcpy(&h[j], (j & 2 ? r1 : r0) + 18 * k[j], 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+AVX2_INLINE void score_i8_avx2_body(const KVStream *s, const int NQ, const Q4Q8 *o, int t0, int t1, float *out,
+                                    int ldo) {
+    const size_t rb = row_bytes(s);
+    __m256i bias[4];
+    __m256 qd[4];
+    for (int i = 0; i < NQ; i++) {
+        bias[i] = _mm256_setr_epi32(o[i].B[0], o[i].B[2], o[i].B[0], o[i].B[2], o[i].B[1], o[i].B[3], o[i].B[1], o[i].B[3]);
+        qd[i] = _mm256_setr_ps(o[i].qd[0], o[i].qd[2], o[i].qd[0], o[i].qd[2], o[i].qd[1], o[i].qd[3], o[i].qd[1], o[i].qd[3]);
+    }
+    for (int t = t0; t < t1; t += 4) {
+        const int R = t1 - t < 4 ? t1 - t : 4;
+        const uint8_t *base = s->data + (size_t)t * rb;
+        for (int r = 0; r < 4; r++) _mm_prefetch((const char *)base + (size_t)(16 + r) * rb, _MM_HINT_T0);
+        /* x[r][i]: position r's 8 block partial sums, lanes (I_0, I_0, I_2, I_2 | I_1, I_1, I_3, I_3) */
+        __m256i x[4][4];
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) {
+                for (int i = 0; i < NQ; i++) x[r][i] = _mm256_setzero_si256();
+                continue;
+            }
+            __m256i a[4][2];
+            dot_q4_avx2(base + (size_t)r * rb, o, NQ, a);
+            for (int i = 0; i < NQ; i++) x[r][i] = _mm256_hadd_epi32(a[i][0], a[i][1]);
+        }
+        /* rows past R read position t as a stand-in: their lanes are not stored */
+        const uint8_t *rr[4];
+        for (int r = 0; r < 4; r++) rr[r] = base + (size_t)(r < R ? r : 0) * rb;
+        const __m256 d01 = scales_q4_avx2(rr[0], rr[1]), d23 = scales_q4_avx2(rr[2], rr[3]);
+        for (int i = 0; i < NQ; i++) {
+            const __m256i I01 = _mm256_hadd_epi32(x[0][i], x[1][i]), I23 = _mm256_hadd_epi32(x[2][i], x[3][i]);
+            const __m256 f01 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(I01, bias[i])), _mm256_mul_ps(d01, qd[i])),
+                         f23 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(I23, bias[i])), _mm256_mul_ps(d23, qd[i]));
+            /* low lane: f_0 + f_2 of positions 0-3, high lane: f_1 + f_3 */
+            const __m256 h = _mm256_hadd_ps(f01, f23);
+            float sc[4];
+            _mm_storeu_ps(sc, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+            for (int r = 0; r < R; r++) out[(size_t)i * ldo + (t - t0) + r] = sc[r];
+        }
+    }
+}
+
+/* q8_prep_c in 8 lanes, block by block (max is exact; vcvtps2dq rounds as
+ * lrintf does): the same bytes, whose order in a block is already its
+ * lo[16k..] then hi[16k..]. */
+AVX2_INLINE int q8_prep_avx2(const float *q, Q4Q8 *o) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int k = 0; k < 4; k++) {
+        __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+        for (int j = 0; j < QK; j += 8) {
+            const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(q + 32 * k + j));
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ)); /* NaN, ±inf */
+            m = _mm256_max_ps(m, a);
+        }
+        if (_mm256_movemask_ps(bad)) return -1;
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h))), sc = mx > 127.0f / FLT_MAX ? 127.0f / mx : 0;
+        __m256i sum = _mm256_setzero_si256();
+        const __m256i b = round32_avx2(q + 32 * k, _mm256_set1_ps(sc), &sum);
+        _mm_storeu_si128((__m128i *)(o->lo + 16 * k), _mm256_castsi256_si128(b));
+        _mm_storeu_si128((__m128i *)(o->hi + 16 * k), _mm256_extracti128_si256(b, 1));
+        const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+        o->B[k] = 8 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+        o->qd[k] = sc > 0 ? 1.0f / sc : 0;
+    }
+    return 0;
+}
+
+/* 0, or -1 when a query is not finite (the caller takes the float path). */
+AVX2 static int score_i8_avx2(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    Q4Q8 o[4];
+    for (int i = 0; i < nq; i++)
+        if (q8_prep_avx2(q + (size_t)i * 128, &o[i])) return -1;
+    switch (nq) {
+    case 1: score_i8_avx2_body(s, 1, o, t0, t1, out, ldo); break;
+    case 2: score_i8_avx2_body(s, 2, o, t0, t1, out, ldo); break;
+    case 3: score_i8_avx2_body(s, 3, o, t0, t1, out, ldo); break;
+    default: score_i8_avx2_body(s, 4, o, t0, t1, out, ldo); break;
+    }
+    return 0;
+}
+
 /* Heads in groups of at most 4 (5 -> 3 + 2), so a head's scores never
  * depend on how many share the call; a group with a non-finite query takes
  * the float path. */
@@ -353,7 +475,15 @@ void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
             i0 += m;
         }
     } else if (kernels_level() >= 2) score512(s, q, nq, t0, t1, out, ldo);
-    else if (kernels_level() > 0) score_avx2(s, q, nq, t0, t1, out, ldo);
+    else if (kernels_level() == 1 && s->d == 128) {
+        for (int i0 = 0, left = (nq + 3) / 4; i0 < nq; left--) {
+            const int m = (nq - i0 + left - 1) / left;
+            const float *qi = q + (size_t)i0 * 128;
+            float *oi = out + (size_t)i0 * ldo;
+            if (score_i8_avx2(s, qi, m, t0, t1, oi, ldo)) score_avx2(s, qi, m, t0, t1, oi, ldo);
+            i0 += m;
+        }
+    } else if (kernels_level() > 0) score_avx2(s, q, nq, t0, t1, out, ldo);
     else score_c(s, q, nq, t0, t1, out, ldo);
 }
 

@@ -7,7 +7,8 @@
  * and writes them into its tile; attention scores and sums straight from
  * the tiles (q8_score, q8_accum), never widening a cached vector into a
  * float buffer: with AVX-512 VNNI as integer dot products over whole tiles,
- * else in floats over whole tiles with AVX-512 or AVX2 (all below); on
+ * else in floats over whole tiles with AVX-512 or AVX2 (all below; AVX2
+ * scores in integers too, at d = 128); on
  * aarch64 the same with sdot (dotprod) or in NEON floats; else plain C
  * through the accessors (always, on other CPUs). Appends are vectorized on
  * AVX-512 and NEON, to the same bytes.
@@ -27,7 +28,8 @@
  * (docs/kernel-notes.md#q8-tiles). The bytes are q8_0's, 8.5 bits a value.
  *
  * Rule (ggml quantize_row_q8_0_ref): d = max|x| / 127, q = roundf(x / d)
- * with the float d (before its fp16 rounding), 0 for an all-zero block;
+ * with the float d (before its fp16 rounding), 0 for an all-zero block
+ * (and for one so small that 1 / d overflows);
  * x̂ = q · fp16(d).
  */
 #include "kernels/half.h"
@@ -35,6 +37,7 @@
 #include "kernels/quant32.h"
 #include "kv/kv.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,7 +98,7 @@ static void append_ref(KVStream *s, const float *x) {
         const float *xb = x + k * QK;
         float amax = 0;
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        const float d = amax / 127, id = d > 1.0f / FLT_MAX ? 1.0f / d : 0.0f; /* codes 0 where 1 / d overflows */
         const uint16_t h = f32_to_f16(d);
         memcpy(tl + scale_off(s->len, k), &h, 2);
         for (int j = 0; j < QK; j++) tl[code_at(s, s->len, k * QK + j)] = (uint8_t)(int8_t)roundf(xb[j] * id);
@@ -197,7 +200,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c"))) static void a
         const __m512 lo = _mm512_loadu_ps(x + k * QK), hi = _mm512_loadu_ps(x + k * QK + 16);
         const float amax = _mm512_reduce_max_ps(
             _mm512_max_ps(_mm512_abs_ps(hi), _mm512_max_ps(_mm512_abs_ps(lo), _mm512_setzero_ps())));
-        const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        const float d = amax / 127, id = d > 1.0f / FLT_MAX ? 1.0f / d : 0.0f; /* codes 0 where 1 / d overflows */
         const uint16_t h = f32_to_f16(d);
         memcpy(tl + scale_off(s->len, k), &h, 2);
         __m512i c[2];
@@ -561,8 +564,106 @@ VNNI static int score_int(const KVStream *s, const float *q, int nq, int t0, int
     return 0;
 }
 
+/* The same integer scores on AVX2, half a tile (8 positions) per register:
+ * vpmaddubsw multiplies unsigned by signed bytes, so the query's 4 codes
+ * of a line go in as magnitudes and their signs move onto the cached codes
+ * (vpsignb); two products of at most 127 · 127 fit its int16 pair sum,
+ * which vpmaddwd widens at once. Every sum is exact (no +128, no bias), so
+ * each block's dot is q8_score_int's, and its float steps follow in its
+ * order. Each line is fetched AHEAD tiles on into L2 and one tile on into
+ * L1 as it is read. */
+/* f_b = dot_b · (d_k,b · d_q,b) of block b for NQ heads, lane = position
+ * (h: the tile's half). */
+AVX2_INLINE void block_f_avx2(const uint8_t *tl, int b, const int NQ, const Q8Query *o, const uint8_t (*aq)[128],
+                              __m256 (*f)[2]) {
+    const __m256i one = _mm256_set1_epi16(1);
+    __m256i a[4][2];
+    for (int i = 0; i < NQ; i++) a[i][0] = a[i][1] = _mm256_setzero_si256();
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *line = tl + 128 + 64 * (8 * b + r);
+        _mm_prefetch((const char *)line + (size_t)AHEAD * TILE128, _MM_HINT_T1);
+        _mm_prefetch((const char *)line + TILE128, _MM_HINT_T0);
+        const __m256i k0 = _mm256_loadu_si256((const __m256i *)line), k1 = _mm256_loadu_si256((const __m256i *)(line + 32));
+        for (int i = 0; i < NQ; i++) {
+            int32_t c4, m4; /* the query's 4 codes of line 8b + r, and their magnitudes */
+            memcpy(&c4, o[i].c + 4 * (8 * b + r), 4);
+            memcpy(&m4, aq[i] + 4 * (8 * b + r), 4);
+            const __m256i c = _mm256_set1_epi32(c4), m = _mm256_set1_epi32(m4);
+            a[i][0] = _mm256_add_epi32(a[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(m, _mm256_sign_epi8(k0, c)), one));
+            a[i][1] = _mm256_add_epi32(a[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(m, _mm256_sign_epi8(k1, c)), one));
+        }
+    }
+    const __m256 dk[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tl + 32 * b))),
+                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tl + 32 * b + 16)))};
+    for (int i = 0; i < NQ; i++)
+        for (int h = 0; h < 2; h++)
+            f[i][h] = _mm256_mul_ps(_mm256_cvtepi32_ps(a[i][h]), _mm256_mul_ps(dk[h], _mm256_set1_ps(o[i].dq[b])));
+}
+
+AVX2_INLINE void score_tiles_avx2(const KVStream *s, const int NQ, const Q8Query *o, const uint8_t (*aq)[128],
+                                  int t0, int t1, float *out, int ldo) {
+    for (int ta = t0 - t0 % TT; ta < t1; ta += TT) {
+        const uint8_t *tl = tile(s, ta);
+        for (int u = 0; u < 128; u += 64) {
+            _mm_prefetch((const char *)tl + (size_t)AHEAD * TILE128 + u, _MM_HINT_T1);
+            _mm_prefetch((const char *)tl + TILE128 + u, _MM_HINT_T0);
+        }
+        /* (f_0 + f_1) + (f_2 + f_3) */
+        __m256 fa[4][2], fb[4][2], s01[4][2];
+        block_f_avx2(tl, 0, NQ, o, aq, fa);
+        block_f_avx2(tl, 1, NQ, o, aq, fb);
+        for (int i = 0; i < NQ; i++)
+            for (int h = 0; h < 2; h++) s01[i][h] = _mm256_add_ps(fa[i][h], fb[i][h]);
+        block_f_avx2(tl, 2, NQ, o, aq, fa);
+        block_f_avx2(tl, 3, NQ, o, aq, fb);
+        for (int i = 0; i < NQ; i++) {
+            float sc[TT];
+            for (int h = 0; h < 2; h++) _mm256_storeu_ps(sc + 8 * h, _mm256_add_ps(s01[i][h], _mm256_add_ps(fa[i][h], fb[i][h])));
+            for (int l = 0; l < TT; l++)
+                if (ta + l >= t0 && ta + l < t1) out[(size_t)i * ldo + (ta + l - t0)] = sc[l];
+        }
+    }
+}
+
+/* q8_query_ref in 8 lanes (quant32.h), and the codes' magnitudes. */
+AVX2_INLINE int q8_query_avx2(const float *q, Q8Query *o, uint8_t *aq) {
+    /* NaN and ±inf compare unordered or above FLT_MAX */
+    __m256 bad = _mm256_setzero_ps();
+    for (int j = 0; j < 128; j += 8)
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(q + j)),
+                                              _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
+    if (_mm256_movemask_ps(bad)) return -1;
+    for (int b = 0; b < 4; b++) {
+        o->dq[b] = quantize32_avx2(q + QK * b, o->c + QK * b, &o->bias[b]);
+        _mm256_storeu_si256((__m256i *)(aq + QK * b), _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(o->c + QK * b))));
+    }
+    return 0;
+}
+
+/* 0, or -1 as score_int. */
+__attribute__((target("avx2,fma,f16c"))) static int score_int_avx2(const KVStream *s, const float *q, int nq, int t0,
+                                                                   int t1, float *out, int ldo) {
+    if (s->d != 128 || s->role != 0) return -1;
+    for (int i0 = 0; i0 < nq; i0 += 4) {
+        const int m = nq - i0 < 4 ? nq - i0 : 4;
+        Q8Query o[4];
+        uint8_t aq[4][128];
+        for (int i = 0; i < m; i++)
+            if (q8_query_avx2(q + (size_t)(i0 + i) * 128, &o[i], aq[i])) return -1;
+        float *oi = out + (size_t)i0 * ldo;
+        switch (m) {
+        case 1: score_tiles_avx2(s, 1, o, aq, t0, t1, oi, ldo); break;
+        case 2: score_tiles_avx2(s, 2, o, aq, t0, t1, oi, ldo); break;
+        case 3: score_tiles_avx2(s, 3, o, aq, t0, t1, oi, ldo); break;
+        default: score_tiles_avx2(s, 4, o, aq, t0, t1, oi, ldo); break;
+        }
+    }
+    return 0;
+}
+
 static void q8_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (kernels_level() >= 3 && !score_int(s, q, nq, t0, t1, out, ldo)) return;
+    if (kernels_level() == 1 && !score_int_avx2(s, q, nq, t0, t1, out, ldo)) return;
     /* the float tiles read K's layout; a V stream (tests score one) takes plain C */
     if (kernels_level() >= 2 && s->role == 0) score_f512(s, q, nq, t0, t1, out, ldo);
     else if (kernels_level() > 0 && s->role == 0) score_a2(s, q, nq, t0, t1, out, ldo);
@@ -776,7 +877,7 @@ static void append_neon(KVStream *s, const float *x) {
         const float *xb = x + k * QK;
         float32x4_t m = vdupq_n_f32(0);
         for (int j = 0; j < QK; j += 4) m = vmaxnmq_f32(m, vabsq_f32(vld1q_f32(xb + j)));
-        const float d = vmaxnmvq_f32(m) / 127, id = d ? 1.0f / d : 0.0f;
+        const float d = vmaxnmvq_f32(m) / 127, id = d > 1.0f / FLT_MAX ? 1.0f / d : 0.0f;
         const uint16_t h = f32_to_f16(d);
         memcpy(tl + scale_off(s->len, k), &h, 2);
         int8_t q[QK];

@@ -383,16 +383,17 @@ static void fast_vs_ref(const char *spec, int role, int d, int L, int nq) {
 
 /* Each case on the plain C path and on every level the CPU has; nq = 11
  * crosses the 8-head tile. Schemes with integer paths (q8 and q4 at
- * avx512vnni and dotprod) skip those levels for d = 128, the only head
- * dim those paths take: kv::integer_scores_match_their_twin holds them to
- * their own bounds. */
+ * avx2, avx512vnni and dotprod) skip those levels for d = 128, the only
+ * head dim those paths take: kv::integer_scores_match_their_twin holds
+ * them to their own bounds. */
 static void fast_vs_ref_all_isas(const char *spec, int role, int d, int L, int nq) {
     KVSpec sp;
     char err[256];
     cr_assert_eq(kv_spec_parse(spec, &sp, err, sizeof err), 0, "%s", err);
     const int int_scores = (sp.k->score_err || sp.k->accum_err) && d == 128;
     for (int k = 0; k < N_ISAS; k++)
-        if (!(int_scores && (!strcmp(all_isas[k], "avx512vnni") || !strcmp(all_isas[k], "dotprod"))) &&
+        if (!(int_scores && (!strcmp(all_isas[k], "avx2") || !strcmp(all_isas[k], "avx512vnni") ||
+                             !strcmp(all_isas[k], "dotprod"))) &&
             kernels_set_isa(all_isas[k]) == 0)
             fast_vs_ref(spec, role, d, L, nq);
 }

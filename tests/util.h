@@ -35,19 +35,20 @@ static const char *const all_isas[] = {"ref", "avx2", "avx512", "avx512vnni", "n
 
 #ifdef KV_H
 /* The float level below the one running when that one has integer kernels
- * (avx512vnni: avx512, dotprod: neon), else NULL. Needs kernels/matmul.h. */
+ * (avx512vnni: avx512, dotprod: neon, avx2: ref), else NULL. Needs
+ * kernels/matmul.h. */
 static inline const char *float_level(void) {
     const char *i = kernels_isa();
-    return !strcmp(i, "avx512vnni") ? "avx512" : !strcmp(i, "dotprod") ? "neon" : NULL;
+    return !strcmp(i, "avx512vnni") ? "avx512" : !strcmp(i, "dotprod") ? "neon" : !strcmp(i, "avx2") ? "ref" : NULL;
 }
 
 /* Whether s scores in integers at the level running (KVStream.score_err
  * applies, and accum_err on x86-64): at avx512vnni every scheme with a score_int twin but
- * the 3- and 2-bit ones without VBMI (kv/lowbit.c); at dotprod q8, q4,
- * q4h, tbq4 and polar4; nowhere else. */
+ * the 3- and 2-bit ones without VBMI (kv/lowbit.c); at dotprod and avx2
+ * q8, q4, q4h, tbq4 and polar4; nowhere else. */
 static inline int int_path(const KVStream *s) {
     const char *n = s->scheme->name;
-    if (!strcmp(kernels_isa(), "dotprod"))
+    if (!strcmp(kernels_isa(), "dotprod") || !strcmp(kernels_isa(), "avx2"))
         return !strcmp(n, "q8") || !strcmp(n, "q4") || !strcmp(n, "q4h") || !strcmp(n, "tbq4") || !strcmp(n, "polar4");
     if (strcmp(kernels_isa(), "avx512vnni")) return 0;
     return kernels_has_vbmi() || (strcmp(n, "tbq3") && strcmp(n, "tbq2") && strcmp(n, "lm3"));
@@ -67,8 +68,8 @@ static inline float int_err(const KVStream *s, const float *q, int t) {
 /* What an integer accumulate path may add to float rounding: accum_err
  * times Σ_t |p_t · v_t[j]| over [t0, t1), at the level that has one. */
 static inline float int_accum_err(const KVStream *s, const float *p, int t0, int t1, int j) {
-    /* aarch64 sums in floats at every level */
-    if (!s->scheme->accum_err || !int_path(s) || !strcmp(kernels_isa(), "dotprod")) return 0;
+    /* only avx512vnni sums in integers; avx2 and aarch64 sum in floats */
+    if (!s->scheme->accum_err || !int_path(s) || strcmp(kernels_isa(), "avx512vnni")) return 0;
     float y[KV_MAX_DIM];
     double mag = 0;
     for (int t = t0; t < t1; t++) {
