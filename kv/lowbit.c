@@ -582,6 +582,19 @@ typedef struct {
     int8_t se[64], so[64];  /* qe, qo: their signs for vpsignb */
 } LbQ8Avx2;
 
+/* A block's stored scale bits: fp16 (tbq) or fp32 (polar4). */
+static inline uint16_t rd16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+static inline float rd32f(const uint8_t *p) {
+    float g;
+    memcpy(&g, p, 4);
+    return g;
+}
+
 /* [sum(a), sum(b), sum(c), sum(d)] of 8 int32 lanes each. */
 AVX2_INLINE __m128i hsum4_256i(__m256i a, __m256i b, __m256i c, __m256i d) {
     const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
@@ -625,7 +638,6 @@ AVX2_INLINE void score_i8_avx2_body(const LbFmt *f, const int NQ, const int RN, 
     for (int t = t0; t < t1; t += 4) {
         const int R = t1 - t < 4 ? t1 - t : 4;
         __m256i acc[4][4], nrm[4];
-        float sc[4] = {0, 0, 0, 0};
         lb_prefetch(data, f->vec_bytes, t + LB_AHEAD, 4);
         for (int r = 0; r < 4; r++) {
             if (r >= R) {
@@ -646,14 +658,20 @@ AVX2_INLINE void score_i8_avx2_body(const LbFmt *f, const int NQ, const int RN, 
                     _mm256_add_epi32(dot32_i8(e0, o[i].ae, o[i].se), dot32_i8(d0, o[i].ao, o[i].so)),
                     _mm256_add_epi32(dot32_i8(e1, o[i].ae + 32, o[i].se + 32), dot32_i8(d1, o[i].ao + 32, o[i].so + 32)));
             if (RN) nrm[r] = norm2_avx2(l0, h0, l1, h1, sql, sqh);
-            sc[r] = header_avx2(blk, f->hdr);
         }
+        /* the four scales loaded straight into lanes (positions past R
+         * read position t: not stored), not through a float array, whose
+         * four scalar stores would stall the vector load reading them */
+        const uint8_t *b0 = data + (size_t)t * vb, *b1 = b0 + (R > 1 ? vb : 0), *b2 = b0 + (R > 2 ? 2 * vb : 0),
+                      *b3 = b0 + (R > 3 ? 3 * vb : 0);
+        __m128 sv = f->hdr == 2 ? _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0), (short)rd16(b1), (short)rd16(b2),
+                                                              (short)rd16(b3), 0, 0, 0, 0))
+                                : _mm_setr_ps(rd32f(b0), rd32f(b1), rd32f(b2), rd32f(b3));
         if (RN) {
             /* each norm sits in dword lanes 0, 2, 4, 6; the rest are zero */
             const __m128 n2 = _mm_cvtepi32_ps(hsum4_256i(nrm[0], nrm[1], nrm[2], nrm[3]));
-            _mm_storeu_ps(sc, _mm_div_ps(_mm_loadu_ps(sc), _mm_sqrt_ps(_mm_mul_ps(n2, _mm_set1_ps(f->sq_d)))));
+            sv = _mm_div_ps(sv, _mm_sqrt_ps(_mm_mul_ps(n2, _mm_set1_ps(f->sq_d))));
         }
-        const __m128 sv = _mm_loadu_ps(sc);
         for (int i = 0; i < NQ; i++) {
             float s4[4];
             const __m128 dot = _mm_cvtepi32_ps(hsum4_256i(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
@@ -712,6 +730,150 @@ AVX2 static int score_i8_avx2(const LbFmt *f, const uint8_t *data, const float *
     default: SCORE_I8(4); break;
     }
 #undef SCORE_I8
+    return 0;
+}
+
+/* ---- AVX2 integer sums for 4-bit codes --------------------------------------
+ * d = 128, tbq4 and polar4: pairs16.h's arithmetic in 256-bit registers.
+ * Per span of up to P16_SPAN positions and per head, the weights p_t ·
+ * scale_t · cb16_d are rounded to int16 at 32767 / max|w|, and vpmaddwd
+ * adds x_t[j]·w_t + x_u[j]·w_u over a pair of positions (t, u) into lane
+ * j's int32 sum, x the 10-bit codebook cb16 (1023 · 32767 · P16_SPAN stays
+ * below 2^31). A pair decodes as: code bytes of t and u interleaved
+ * (vpunpck*bw), nibbles apart, each looked up twice by vpshufb (cb16's low
+ * and high bytes), the two results interleaved again: word pairs
+ * (x_t[j], x_u[j]), one value per dword lane. The span's sums go to floats
+ * once, times max|w| / 32767; what the rounding adds is accum_err, as on
+ * AVX-512 VNNI, whose sums these are not bit for bit (other spans' float
+ * additions).
+ *
+ *   quarter c = 2h + e: code bytes 32h + b, b in {0-7, 16-23} (e = 0) or
+ *   {8-15, 24-31} (e = 1), in 4 sum vectors (low and high nibbles, each
+ *   in two unpack halves): lb_sum_value says which value a lane holds */
+
+/* Value of lane l of sum vector k (k = 4c + 2n + m: quarter c, nibble n
+ * (0 low, 1 high), unpack half m): the code byte b, value 2b + n. */
+static int lb_sum_value(int k, int l) {
+    const int c = k / 4, n = k / 2 % 2, m = k % 2, h = c / 2, e = c % 2;
+    const int b = 32 * h + 8 * e + (l < 4 ? 4 * m + l : 16 + 4 * m + l - 4);
+    return 2 * b + n;
+}
+
+/* Positions [ta, ta + n)'s weights for one head into word pairs: -1 when
+ * one is not finite. wq[t] = w_t rounded at 32767 / max|w| (pairs16.h's
+ * p16_round, vcvtps2dq's nearest even), *inv its inverse (0 when all 0). */
+AVX2_INLINE int lb_round16_avx2(const float *wf, int np, int16_t *wq, float *inv) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int t = 0; t < np; t += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(wf + t));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ)); /* NaN, ±inf */
+        m = _mm256_max_ps(m, a);
+    }
+    if (_mm256_movemask_ps(bad)) return -1;
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const __m256 sc = _mm256_set1_ps(mx > 0 ? 32767.0f / mx : 0);
+    *inv = mx > 0 ? mx / 32767.0f : 0;
+    for (int t = 0; t < np; t += 16) {
+        const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf + t), sc)),
+                      b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf + t + 8), sc));
+        /* packs works per 128-bit lane: qwords come out 0 2 1 3 */
+        _mm256_storeu_si256((__m256i *)(wq + t), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
+    }
+    return 0;
+}
+
+/* One span for NQ <= 2 heads (weights wq[i][0..np)), quarter by quarter,
+ * adding the span's sums as floats into S[i][k][l] (sum vector k, lane l). */
+AVX2_INLINE void lb_span16_avx2(const uint8_t *data, int vb, int hdr, const int NQ, int t0, int n,
+                                const int16_t (*wq)[P16_SPAN], const float *inv, __m256i tlo, __m256i thi,
+                                float (*S)[16][8]) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const int np = (n + 1) & ~1;
+    for (int c = 0; c < 4; c++) {
+        const int h = c / 2, e = c % 2;
+        __m256i a[2][4];
+        for (int i = 0; i < NQ; i++)
+            for (int k = 0; k < 4; k++) a[i][k] = _mm256_setzero_si256();
+        for (int t = 0; t < np; t += 2) {
+            const uint8_t *qt = data + (size_t)(t0 + t) * (size_t)vb + hdr + 32 * h;
+            /* an odd span's last pair repeats t, whose weight pads to 0 */
+            const uint8_t *qu = t + 1 < n ? qt + vb : qt;
+            if (c == 0) lb_prefetch(data, vb, t0 + t + LB_AHEAD, 2);
+            const __m256i ct = _mm256_loadu_si256((const __m256i *)qt), cu = _mm256_loadu_si256((const __m256i *)qu);
+            const __m256i pr = e ? _mm256_unpackhi_epi8(ct, cu) : _mm256_unpacklo_epi8(ct, cu);
+            const __m256i il = _mm256_and_si256(pr, m4), ih = _mm256_and_si256(_mm256_srli_epi16(pr, 4), m4);
+            const __m256i ll = _mm256_shuffle_epi8(tlo, il), lh = _mm256_shuffle_epi8(thi, il),
+                          hl = _mm256_shuffle_epi8(tlo, ih), hh = _mm256_shuffle_epi8(thi, ih);
+            const __m256i x[4] = {_mm256_unpacklo_epi8(ll, lh), _mm256_unpackhi_epi8(ll, lh),
+                                  _mm256_unpacklo_epi8(hl, hh), _mm256_unpackhi_epi8(hl, hh)};
+            for (int i = 0; i < NQ; i++) {
+                int32_t pair;
+                memcpy(&pair, &wq[i][t], 4);
+                const __m256i w = _mm256_set1_epi32(pair);
+                for (int k = 0; k < 4; k++) a[i][k] = _mm256_add_epi32(a[i][k], _mm256_madd_epi16(x[k], w));
+            }
+        }
+        for (int i = 0; i < NQ; i++)
+            for (int k = 0; k < 4; k++) {
+                float *sk = S[i][4 * c + k];
+                _mm256_storeu_ps(sk, _mm256_add_ps(_mm256_loadu_ps(sk), _mm256_mul_ps(_mm256_cvtepi32_ps(a[i][k]),
+                                                                                      _mm256_set1_ps(inv[i]))));
+            }
+    }
+}
+
+/* acc += Σ p v in integers for nq <= KV_MAX_NQ heads, added only once all
+ * of it is summed: 0, or -1 with acc untouched (the float path takes the
+ * call: a weight that is not finite). */
+AVX2 static int accum_i16_avx2(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    const LbFmt *f = s->aux;
+    if (nq > KV_MAX_NQ) return -1;
+    uint8_t lo[16], hi[16];
+    for (int i = 0; i < 16; i++) lo[i] = (uint8_t)(f->cb16[i] & 0xff), hi[i] = (uint8_t)((uint16_t)f->cb16[i] >> 8);
+    const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
+                  thi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hi)),
+                  sql = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->sq_lo)),
+                  sqh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->sq_hi)), m4 = _mm256_set1_epi8(15);
+    float S[KV_MAX_NQ][16][8];
+    memset(S, 0, sizeof(float) * 16 * 8 * (size_t)nq);
+    for (int ta = t0; ta < t1; ta += P16_SPAN) {
+        const int n = t1 - ta < P16_SPAN ? t1 - ta : P16_SPAN, np = (n + 1) & ~1;
+        /* the positions' scales over the codebook's, polar4's over ‖cb[idx]‖
+         * as score_i8_avx2 takes it */
+        float sc[P16_SPAN + 16];
+        for (int t = 0; t < n; t++) {
+            const uint8_t *blk = s->data + (size_t)(ta + t) * (size_t)f->vec_bytes;
+            float g = header_avx2(blk, f->hdr);
+            if (f->renorm) {
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(blk + f->hdr)),
+                              v1 = _mm256_loadu_si256((const __m256i *)(blk + f->hdr + 32));
+                const __m256i nn = norm2_avx2(_mm256_and_si256(v0, m4), _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+                                              _mm256_and_si256(v1, m4), _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4),
+                                              sql, sqh);
+                const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(nn), _mm256_extracti128_si256(nn, 1));
+                g /= sqrtf((float)_mm_cvtsi128_si32(_mm_add_epi32(q, _mm_unpackhi_epi64(q, q))) * f->sq_d);
+            }
+            sc[t] = g * f->cb16_d;
+        }
+        for (int i0 = 0; i0 < nq; i0 += 2) {
+            const int NH = nq - i0 < 2 ? nq - i0 : 2;
+            float wf[P16_SPAN + 16], inv[2];
+            int16_t wq[2][P16_SPAN];
+            for (int i = 0; i < NH; i++) {
+                const float *pi = p + (size_t)(i0 + i) * ldp + (ta - t0);
+                for (int t = 0; t < np + 16; t++) wf[t] = t < n ? pi[t] * sc[t] : 0;
+                if (lb_round16_avx2(wf, np, wq[i], &inv[i])) return -1;
+            }
+            if (NH == 2) lb_span16_avx2(s->data, f->vec_bytes, f->hdr, 2, ta, n, wq, inv, tlo, thi, S + i0);
+            else lb_span16_avx2(s->data, f->vec_bytes, f->hdr, 1, ta, n, wq, inv, tlo, thi, S + i0);
+        }
+    }
+    for (int i = 0; i < nq; i++)
+        for (int k = 0; k < 16; k++)
+            for (int l = 0; l < 8; l++) acc[(size_t)i * 128 + lb_sum_value(k, l)] += S[i][k][l];
     return 0;
 }
 
@@ -1467,6 +1629,8 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
 
 void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const LbFmt *f = s->aux;
+    if (kernels_level() == 1 && i16_path(s) && f->kind == LB_IDX4 && !accum_i16_avx2(s, p, ldp, nq, t0, t1, acc))
+        return;
     if (kernels_level() >= 3 && i16_path(s) &&
         !(f->kind == LB_IDX4 ? accum_i16(s, p, ldp, nq, t0, t1, acc) : accum_vb(s, p, ldp, nq, t0, t1, acc)))
         return;

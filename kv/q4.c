@@ -372,11 +372,16 @@ AVX2_INLINE void dot_q4_avx2(const uint8_t *row, const Q4Q8 *o, const int NQ, __
 
 /* Block scales of positions r and r + 1 in the lanes of a folded pair:
  * low lane (r: d_0, d_2; r + 1: d_0, d_2), high lane the same of d_1, d_3. */
+static inline short rd16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return (short)h;
+}
+
+/* (loaded straight into lanes: a vector load of scalar stores would stall) */
 AVX2_INLINE __m256 scales_q4_avx2(const uint8_t *r0, const uint8_t *r1) {
-    uint16_t h[8];
-    const int k[8] = {0, 2, 0, 2, 1, 3, 1, 3};
-    for (int j = 0; j < 8; j++) memcpy(&h[j], (j & 2 ? r1 : r0) + 18 * k[j], 2);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    return _mm256_cvtph_ps(_mm_setr_epi16(rd16(r0), rd16(r0 + 36), rd16(r1), rd16(r1 + 36), rd16(r0 + 18), rd16(r0 + 54),
+                                          rd16(r1 + 18), rd16(r1 + 54)));
 }
 
 AVX2_INLINE void score_i8_avx2_body(const KVStream *s, const int NQ, const Q4Q8 *o, int t0, int t1, float *out,

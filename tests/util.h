@@ -68,8 +68,10 @@ static inline float int_err(const KVStream *s, const float *q, int t) {
 /* What an integer accumulate path may add to float rounding: accum_err
  * times Σ_t |p_t · v_t[j]| over [t0, t1), at the level that has one. */
 static inline float int_accum_err(const KVStream *s, const float *p, int t0, int t1, int j) {
-    /* only avx512vnni sums in integers; avx2 and aarch64 sum in floats */
-    if (!s->scheme->accum_err || !int_path(s) || strcmp(kernels_isa(), "avx512vnni")) return 0;
+    /* avx512vnni sums in integers, avx2 for tbq4 and polar4; aarch64 in floats */
+    const char *n = s->scheme->name;
+    const int avx2 = !strcmp(kernels_isa(), "avx2") && (!strcmp(n, "tbq4") || !strcmp(n, "polar4"));
+    if (!s->scheme->accum_err || !int_path(s) || (strcmp(kernels_isa(), "avx512vnni") && !avx2)) return 0;
     float y[KV_MAX_DIM];
     double mag = 0;
     for (int t = t0; t < t1; t++) {
