@@ -162,8 +162,8 @@ static void polar4_free(KVStream *s) {
 
 /* t[j] = Σ_i a[i]·m[i·n + j] for one block, summed over i in order: each
  * row of m scales into t, so the loop runs along rows (vectorised). The
- * AVX-512 twin does the same multiplies and adds per element (no FMA), so
- * every kernel level gives the plain C bits. */
+ * AVX-512 and AVX2 twins do the same multiplies and adds per element (no
+ * FMA), so every kernel level gives the plain C bits. */
 #if defined(__x86_64__)
 #include <immintrin.h>
 __attribute__((target("avx512f"))) static void rot_rows512(const float *a, const float *m, int n, float *t) {
@@ -174,12 +174,29 @@ __attribute__((target("avx512f"))) static void rot_rows512(const float *a, const
         _mm512_storeu_ps(t + j, s);
     }
 }
+
+/* 32 columns a pass: four sums in flight hide the add's latency */
+__attribute__((target("avx2"))) static void rot_rows256(const float *a, const float *m, int n, float *t) {
+    for (int j = 0; j < n; j += 32) {
+        __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int i = 0; i < n; i++) {
+            const __m256 ai = _mm256_set1_ps(a[i]);
+            for (int k = 0; k < 4; k++)
+                s[k] = _mm256_add_ps(s[k], _mm256_mul_ps(ai, _mm256_loadu_ps(m + (size_t)i * n + j + 8 * k)));
+        }
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(t + j + 8 * k, s[k]);
+    }
+}
 #endif
 
 static void rot_rows(const float *a, const float *m, int n, float *t) {
 #if defined(__x86_64__)
     if (kernels_level() >= 2) { /* n is 32, 64 or 128 */
         rot_rows512(a, m, n, t);
+        return;
+    }
+    if (kernels_level() == 1) {
+        rot_rows256(a, m, n, t);
         return;
     }
 #endif

@@ -224,11 +224,46 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c"))) static void a
     }
 }
 
-/* 16 lanes where the CPU has AVX-512: plain C makes a libm call (roundf)
- * per value, several times slower, which shows when a long prompt fills
- * the cache (docs/kernel-notes.md#q8-append). */
+/* append512 in 8 lanes, the same bytes: vmaxps with the running max
+ * second skips NaN lanes as fmaxf does, the rounding is append512's, and
+ * each code is its int32's low byte, as vpmovdb (and the plain C cast, on
+ * x86) leaves it, not a saturated one. */
+__attribute__((target("avx2,f16c"))) static void append_avx2(KVStream *s, const float *x) {
+    uint8_t *tl = s->data + (size_t)(s->len / TT) * tile_bytes(s);
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256i low = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                                         -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (int k = 0; k < s->d / QK; k++) {
+        __m256 m = _mm256_setzero_ps();
+        for (int u = 0; u < 4; u++) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + k * QK + 8 * u)), m);
+        __m128 h4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h4 = _mm_max_ps(h4, _mm_movehl_ps(h4, h4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(h4, _mm_movehdup_ps(h4)));
+        const float d = amax / 127, id = d > 1.0f / FLT_MAX ? 1.0f / d : 0.0f; /* codes 0 where 1 / d overflows */
+        const uint16_t h = f32_to_f16(d);
+        memcpy(tl + scale_off(s->len, k), &h, 2);
+        int8_t c[QK];
+        for (int u = 0; u < 4; u++) {
+            const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + k * QK + 8 * u), _mm256_set1_ps(id));
+            const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            /* one step away from zero where the dropped fraction is at least 1/2 */
+            const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(v, t)), half, _CMP_GE_OQ);
+            const __m256 step = _mm256_and_ps(up, _mm256_or_ps(one, _mm256_and_ps(v, sign)));
+            const __m256i b = _mm256_shuffle_epi8(_mm256_cvttps_epi32(_mm256_add_ps(t, step)), low);
+            const int32_t lo = _mm256_cvtsi256_si32(b), hi = _mm256_extract_epi32(b, 4);
+            memcpy(c + 8 * u, &lo, 4);
+            memcpy(c + 8 * u + 4, &hi, 4);
+        }
+        for (int j = 0; j < QK; j++) tl[code_at(s, s->len, k * QK + j)] = (uint8_t)c[j];
+    }
+}
+
+/* 16 lanes where the CPU has AVX-512, 8 with AVX2: plain C makes a libm
+ * call (roundf) per value, several times slower, which shows when a long
+ * prompt fills the cache (docs/kernel-notes.md#q8-append). */
 static void q8_append(KVStream *s, const float *x) {
     if (kernels_level() >= 2) append512(s, x);
+    else if (kernels_level() == 1) append_avx2(s, x);
     else append_ref(s, x);
 }
 
@@ -746,8 +781,114 @@ VNNI static int accum_int(const KVStream *s, const float *p, int ldp, int nq, in
     return 0;
 }
 
+/* The same integer sums on AVX2: a V pair's 16 bytes (8 values of both
+ * positions) widen to int16 word pairs, and vpmaddwd adds x_t·w_t +
+ * x_u·w_u into each value's int32 lane; a span's weights are rounded as
+ * on VNNI (p16_round's rule, one scale per head over the span's four
+ * blocks). Block b's 32 values go in a pass of their own, so one weight
+ * pair serves a step and two heads' 8 sums stay in registers. */
+AVX2_INLINE int accum_tiles_avx2(const KVStream *s, const float *p, int ldp, const int NH, int t0, int t1,
+                                 __m256 (*sum)[16]) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int ta = t0 - t0 % TT; ta < t1; ta += P16_SPAN) {
+        const int n = t1 - ta < P16_SPAN ? t1 - ta : P16_SPAN, np = (n + TT - 1) / TT * TT;
+        float wf[2][4][P16_SPAN];
+        int16_t wq[2][4][P16_SPAN];
+        float inv[2];
+        for (int i = 0; i < NH; i++) {
+            /* weights in range, 0 elsewhere, times each block's scales
+             * (a tile's 16 of block g are one 32-byte row) */
+            __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+            float pw[P16_SPAN];
+            for (int u = 0; u < np; u++) pw[u] = ta + u >= t0 && ta + u < t1 ? p[(size_t)i * ldp + (ta + u - t0)] : 0;
+            for (int u = 0; u < np; u += 8) {
+                const uint8_t *sr = tile(s, ta + u) + 2 * (u % TT);
+                for (int g = 0; g < 4; g++)
+                    _mm256_storeu_ps(wf[i][g] + u, _mm256_mul_ps(_mm256_loadu_ps(pw + u),
+                                                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sr + 32 * g)))));
+            }
+            for (int g = 0; g < 4; g++)
+                for (int u = 0; u < np; u += 8) {
+                    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(wf[i][g] + u));
+                    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ)); /* NaN, ±inf */
+                    m = _mm256_max_ps(m, a);
+                }
+            if (_mm256_movemask_ps(bad)) return -1;
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+            const __m256 sc = _mm256_set1_ps(mx > 0 ? 32767.0f / mx : 0);
+            inv[i] = mx > 0 ? mx / 32767.0f : 0;
+            for (int g = 0; g < 4; g++)
+                for (int u = 0; u < np; u += 16) {
+                    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf[i][g] + u), sc)),
+                                  b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf[i][g] + u + 8), sc));
+                    /* packs works per 128-bit lane: qwords come out 0 2 1 3 */
+                    _mm256_storeu_si256((__m256i *)(wq[i][g] + u), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
+                }
+        }
+        for (int b = 0; b < 4; b++) {
+            __m256i a[2][4];
+            for (int i = 0; i < NH; i++)
+                for (int k = 0; k < 4; k++) a[i][k] = _mm256_setzero_si256();
+            for (int u0 = 0; u0 < np; u0 += TT) {
+                const uint8_t *tl = tile(s, ta + u0);
+                for (int u = u0; u < u0 + TT; u += 2) {
+                    /* pair (u, u + 1)'s 2 · 32 bytes of block b */
+                    const uint8_t *pr = tl + 128 + (u - u0) / 2 * 256 + 64 * b;
+                    if (b == 0) {
+                        _mm_prefetch((const char *)pr + (size_t)AHEAD * TILE128, _MM_HINT_T1);
+                        _mm_prefetch((const char *)pr + (size_t)AHEAD * TILE128 + 64, _MM_HINT_T1);
+                        _mm_prefetch((const char *)pr + (size_t)AHEAD * TILE128 + 128, _MM_HINT_T1);
+                        _mm_prefetch((const char *)pr + (size_t)AHEAD * TILE128 + 192, _MM_HINT_T1);
+                    }
+                    __m256i w[2];
+                    for (int i = 0; i < NH; i++) {
+                        int32_t pair;
+                        memcpy(&pair, &wq[i][b][u], 4);
+                        w[i] = _mm256_set1_epi32(pair);
+                    }
+                    for (int k = 0; k < 4; k++) {
+                        const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(pr + 16 * k)));
+                        for (int i = 0; i < NH; i++) a[i][k] = _mm256_add_epi32(a[i][k], _mm256_madd_epi16(x, w[i]));
+                    }
+                }
+            }
+            /* lane l of a[i][k]: value 32b + 8k + l */
+            for (int i = 0; i < NH; i++)
+                for (int k = 0; k < 4; k++)
+                    sum[i][4 * b + k] = _mm256_add_ps(sum[i][4 * b + k],
+                                                      _mm256_mul_ps(_mm256_cvtepi32_ps(a[i][k]), _mm256_set1_ps(inv[i])));
+        }
+    }
+    return 0;
+}
+
+/* acc += Σ p v in integers, two heads at a time, added only once all of it
+ * is summed: 0, or -1 with acc untouched (the float path takes the call). */
+__attribute__((target("avx2,fma,f16c"))) static int accum_int_avx2(const KVStream *s, const float *p, int ldp, int nq,
+                                                                   int t0, int t1, float *acc) {
+    if (s->d != 128 || s->role != 1 || nq > 8) return -1;
+    __m256 sum[8][16];
+    for (int i = 0; i < nq; i++)
+        for (int c = 0; c < 16; c++) sum[i][c] = _mm256_setzero_ps();
+    for (int i0 = 0; i0 < nq; i0 += 2) {
+        const float *pi = p + (size_t)i0 * ldp;
+        if (nq - i0 >= 2 ? accum_tiles_avx2(s, pi, ldp, 2, t0, t1, sum + i0)
+                         : accum_tiles_avx2(s, pi, ldp, 1, t0, t1, sum + i0))
+            return -1;
+    }
+    for (int i = 0; i < nq; i++)
+        for (int c = 0; c < 16; c++) {
+            float *a = acc + (size_t)i * 128 + 8 * c;
+            _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), sum[i][c]));
+        }
+    return 0;
+}
+
 static void q8_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     if (kernels_level() >= 3 && !accum_int(s, p, ldp, nq, t0, t1, acc)) return;
+    if (kernels_level() == 1 && !accum_int_avx2(s, p, ldp, nq, t0, t1, acc)) return;
     if (kernels_level() >= 2 && s->role == 1 && s->d % 128 == 0) accum_f512(s, p, ldp, nq, t0, t1, acc);
     else if (kernels_level() > 0 && s->role == 1 && nq <= 8) accum_a2(s, p, ldp, nq, t0, t1, acc);
     else accum_c(s, p, ldp, nq, t0, t1, acc);

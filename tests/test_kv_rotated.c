@@ -219,6 +219,33 @@ Test(kv_rotated, q4h_block_bytes) {
     kv_stream_free(&s);
 }
 
+/* polar4's dense rotation both ways (rot_rows: AVX-512 and AVX2 twins of
+ * the plain C loop, multiplies and adds apart): the same bits on every
+ * level, for blocks of 32, 64 and 128 and two blocks of 128. */
+Test(kv_rotated, polar4_rotation_same_bits_on_every_isa) {
+    static const int ds[] = {32, 64, 128, 256};
+    for (int di = 0; di < 4; di++) {
+        const int d = ds[di];
+        KVStream s;
+        float x[256], want[2][256], got[256];
+        fill(x, d);
+        x[1] = -0.0f, x[2] = 1e-40f;
+        cr_assert_eq(kernels_set_isa("ref"), 0);
+        open_stream(&s, "polar4", d, 4, 1);
+        kv_to_domain(&s, x, want[0]);
+        kv_from_domain(&s, x, want[1]);
+        for (int k = 1; k < N_ISAS; k++) {
+            if (kernels_set_isa(all_isas[k])) continue;
+            kv_to_domain(&s, x, got);
+            cr_expect(memcmp(got, want[0], sizeof(float) * d) == 0, "%s d=%d: to_domain differs", all_isas[k], d);
+            kv_from_domain(&s, x, got);
+            cr_expect(memcmp(got, want[1], sizeof(float) * d) == 0, "%s d=%d: from_domain differs", all_isas[k], d);
+        }
+        kernels_set_isa("ref");
+        kv_stream_free(&s);
+    }
+}
+
 /* Rows of R from to_domain(e_i) (y = x·R): orthonormal, the same for two
  * streams of one layer and after everything was freed, different per layer. */
 Test(kv_rotated, polar4_rotation) {

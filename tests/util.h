@@ -68,9 +68,9 @@ static inline float int_err(const KVStream *s, const float *q, int t) {
 /* What an integer accumulate path may add to float rounding: accum_err
  * times Σ_t |p_t · v_t[j]| over [t0, t1), at the level that has one. */
 static inline float int_accum_err(const KVStream *s, const float *p, int t0, int t1, int j) {
-    /* avx512vnni sums in integers, avx2 for tbq4 and polar4; aarch64 in floats */
+    /* avx512vnni sums in integers, avx2 for q8, tbq4 and polar4; aarch64 in floats */
     const char *n = s->scheme->name;
-    const int avx2 = !strcmp(kernels_isa(), "avx2") && (!strcmp(n, "tbq4") || !strcmp(n, "polar4"));
+    const int avx2 = !strcmp(kernels_isa(), "avx2") && (!strcmp(n, "q8") || !strcmp(n, "tbq4") || !strcmp(n, "polar4"));
     if (!s->scheme->accum_err || !int_path(s) || (strcmp(kernels_isa(), "avx512vnni") && !avx2)) return 0;
     float y[KV_MAX_DIM];
     double mag = 0;
