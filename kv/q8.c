@@ -803,9 +803,11 @@ AVX2_INLINE int accum_tiles_avx2(const KVStream *s, const float *p, int ldp, con
             for (int u = 0; u < np; u++) pw[u] = ta + u >= t0 && ta + u < t1 ? p[(size_t)i * ldp + (ta + u - t0)] : 0;
             for (int u = 0; u < np; u += 8) {
                 const uint8_t *sr = tile(s, ta + u) + 2 * (u % TT);
+                /* positions past len have no scale yet (any bits): their lanes are zeroed, not multiplied */
+                const __m256 pv = _mm256_loadu_ps(pw + u), live = _mm256_cmp_ps(pv, _mm256_setzero_ps(), _CMP_NEQ_UQ);
                 for (int g = 0; g < 4; g++)
-                    _mm256_storeu_ps(wf[i][g] + u, _mm256_mul_ps(_mm256_loadu_ps(pw + u),
-                                                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sr + 32 * g)))));
+                    _mm256_storeu_ps(wf[i][g] + u, _mm256_and_ps(live, _mm256_mul_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128(
+                                                                                       (const __m128i *)(sr + 32 * g))))));
             }
             for (int g = 0; g < 4; g++)
                 for (int u = 0; u < np; u += 8) {

@@ -15,8 +15,8 @@
 #     TOL_INT (2e-2) for the schemes in INT_SCHEMES (q8 q4 q4h tbq4 tbq3
 #     tbq2 polar4 lm3: on AVX-512 VNNI, with VBMI for tbq3, tbq2 and lm3,
 #     their scores are integer dot products over queries rounded to 8 bits,
-#     lm3's to 14; on aarch64's dotprod level q8, q4, q4h, tbq4 and polar4 score
-#     the same way), and pick the same top token at no fewer than MIN_TOP1
+#     lm3's to 14; on aarch64's dotprod level and x86's avx2 q8, q4, q4h, tbq4
+#     and polar4 score the same way), and pick the same top token at no fewer than MIN_TOP1
 #     (0.95) of the positions.
 # Prints one line per scheme; exits 1 if any scheme fails.
 set -u
