@@ -13,7 +13,7 @@
  * s8) adds to the integer dot, so an accumulator started at it cancels it.
  * quantize32_512 gives the same numbers as quantize32_ref for finite x:
  * the max and the sum are exact in any order, the scale is the same
- * scalar arithmetic, and vcvtps2dq rounds as lrintf does by default
+ * scalar arithmetic, and vcvtps2dq rounds as lrintf does by default;
  * quantize32_avx2 likewise (x86-64 only; elsewhere quantize32_ref is the
  * one version).
  */

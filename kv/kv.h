@@ -96,9 +96,10 @@ typedef struct KVScheme {
      * VBMI). 0 / NULL for float schemes. */
     float score_err;
     int (*score_int)(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
-    /* Likewise for accum: on avx512vnni q8, tbq, polar4 and lm3
-     * round the weights p_t · scale to 16-bit integers per span of positions
-     * (vpdpwssd, kv/pairs16.h); accum_err bounds what that adds, as a
+    /* Likewise for accum: on avx512vnni q8, tbq, polar4 and lm3, and on
+     * avx2 q8, tbq4 and polar4, round the weights p_t · scale to 16-bit
+     * integers per span of positions (vpdpwssd, kv/pairs16.h; vpmaddwd on
+     * AVX2); accum_err bounds what that adds, as a
      * share of Σ_t |p_t · v_t[j]|, and the tests hold the kernel to the
      * float reference within it. */
     float accum_err;

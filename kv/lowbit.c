@@ -2,8 +2,8 @@
  * score and accumulate kernels of the packed low-bit KV schemes (layouts in
  * lowbit.h), with integer (AVX-512 VNNI) ones for d = 128 in one block at
  * the end (tbq, polar4, lm3): 4-bit codes on VNNI, 3- and 2-bit codes
- * where the CPU also has VBMI. AVX2 scores 4-bit codes in integers too
- * (tbq4, polar4). aarch64 has NEON decoding and, with dotprod, the
+ * where the CPU also has VBMI. AVX2 scores and sums 4-bit codes in
+ * integers too (tbq4, polar4). aarch64 has NEON decoding and, with dotprod, the
  * integer scores of 4-bit codes (the last block).
  * The plain C path is kv.c's reference over lb_dequant (the only one on
  * other CPUs).
@@ -774,7 +774,7 @@ AVX2_INLINE int lb_round16_avx2(const float *wf, int np, int16_t *wq, float *inv
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    const __m256 sc = _mm256_set1_ps(mx > 0 ? 32767.0f / mx : 0);
+    const __m256 sc = _mm256_set1_ps(mx > 32767.0f / FLT_MAX ? 32767.0f / mx : 0);
     *inv = mx > 0 ? mx / 32767.0f : 0;
     for (int t = 0; t < np; t += 16) {
         const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf + t), sc)),

@@ -35,6 +35,7 @@
 
 #include "kv/kv.h"
 
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -68,8 +69,10 @@ PAIRS16 void p16_unpack(__m512 lo, __m512 hi, __m512 *v0, __m512 *v1) {
 }
 
 /* One head's float weights wf[g][0..np) (np rounded up to 16) rounded to
- * int16 at 32767 / max|w| into wq: 0 with *inv = max|w| / 32767 (0 when
- * all are 0), or -1 when a weight is not finite. */
+ * int16 at 32767 / max|w| into wq: 0 with *inv = max|w| / 32767 (all 0
+ * when max|w| is 0 or so small that 32767 / max|w| overflows: such
+ * weights add nothing a float could hold), or -1 when a weight is not
+ * finite. */
 PAIRS16 int p16_round(const float (*wf)[P16_SPAN], int ng, int np, int16_t (*wq)[P16_SPAN], float *inv) {
     __m512 m = _mm512_setzero_ps();
     __mmask16 bad = 0;
@@ -81,7 +84,7 @@ PAIRS16 int p16_round(const float (*wf)[P16_SPAN], int ng, int np, int16_t (*wq)
         }
     if (bad) return -1;
     const float mx = _mm512_reduce_max_ps(m);
-    const __m512 sc = _mm512_set1_ps(mx > 0 ? 32767.0f / mx : 0);
+    const __m512 sc = _mm512_set1_ps(mx > 32767.0f / FLT_MAX ? 32767.0f / mx : 0);
     *inv = mx > 0 ? mx / 32767.0f : 0;
     for (int g = 0; g < ng; g++)
         for (int t = 0; t < np; t += 16)

@@ -344,8 +344,8 @@ score_i8(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, 
 
 /* The same integer scores on AVX2 (d = 128): vpmaddubsw takes the nibbles
  * as unsigned bytes against the query's signed ones, and its int16 pair
- * sums (at most 2 · 15 · 127) add twice more before vpmaddwd widens them,
- * so every sum is exact. Two blocks share a register (block 2h in the low
+ * sums (at most 2 · 15 · 127) add once more (low and high nibbles) before
+ * vpmaddwd widens them, so every sum is exact. Two blocks share a register (block 2h in the low
  * lane, 2h + 1 in the high); a position's 8 lane sums fold to its four
  * I_k, two positions interleaved per vector, then q4_score_int's float
  * steps in its order: lane pairs (f_0, f_2) and (f_1, f_3) add first, by

@@ -8,10 +8,10 @@
  * the tiles (q8_score, q8_accum), never widening a cached vector into a
  * float buffer: with AVX-512 VNNI as integer dot products over whole tiles,
  * else in floats over whole tiles with AVX-512 or AVX2 (all below; AVX2
- * scores in integers too, at d = 128); on
+ * scores and sums in integers too, at d = 128); on
  * aarch64 the same with sdot (dotprod) or in NEON floats; else plain C
  * through the accessors (always, on other CPUs). Appends are vectorized on
- * AVX-512 and NEON, to the same bytes.
+ * AVX-512, AVX2 and NEON, to the same bytes.
  *
  *   tile (16 positions, 17·d bytes): | scales | codes |
  *   scales: fp16 [d/32 blocks][16 positions]          d bytes
@@ -67,7 +67,8 @@ static size_t n_tiles(const KVStream *s) { return ((size_t)s->cap + TT - 1) / TT
  * (malloc's large blocks sit 16 bytes into a page: every load split in two).
  * The integer kernels read whole tiles, unwritten positions of the last
  * one included, and drop what those give: their score lanes are not
- * stored, their weights and scales are masked to 0 before any product. */
+ * stored, their weights and scales are masked to 0 (on AVX2 the products,
+ * after) before they are summed. */
 static int q8_init(KVStream *s, char *err, size_t errlen) {
     s->data = aligned_alloc(64, (n_tiles(s) * tile_bytes(s) + 63) & ~(size_t)63);
     if (!s->data) { snprintf(err, errlen, "q8: out of memory for %d positions", s->cap); return -1; }
@@ -819,7 +820,7 @@ AVX2_INLINE int accum_tiles_avx2(const KVStream *s, const float *p, int ldp, con
             __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
             h = _mm_max_ps(h, _mm_movehl_ps(h, h));
             const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-            const __m256 sc = _mm256_set1_ps(mx > 0 ? 32767.0f / mx : 0);
+            const __m256 sc = _mm256_set1_ps(mx > 32767.0f / FLT_MAX ? 32767.0f / mx : 0);
             inv[i] = mx > 0 ? mx / 32767.0f : 0;
             for (int g = 0; g < 4; g++)
                 for (int u = 0; u < np; u += 16) {

@@ -333,7 +333,7 @@ static void check_integer_level(const char *il) {
                     q[j] = 0;
                     q[d + j] *= 1e-39f;
                     q[2 * d + j] = j == 9 ? -3e38f : q[2 * d + j];
-                    q[3 * d + j] = (float)(j % 7 - 3) * 0.5f + (j == 0 ? 127.0f : 0); /* x · 1 = k + 1/2 */
+                    q[3 * d + j] = j == 0 ? 127.0f : (float)(j % 7 - 3) * 0.5f; /* scale 1: x · 1 = k + 1/2 */
                 }
             for (int i = 0; i < 6; i++) kv_to_domain(&s, q + i * d, qd + i * d);
             /* ranges [5, n - 2 - tail): 196 - tail positions, so the last
@@ -447,7 +447,7 @@ Test(kv, attention_close_to_f32) {
              * (integer_scores_match_their_twin, above), and their rounding of
              * q or p moves this output by about 1e-3 */
             const char *isa = kernels_isa();
-            if ((sc->score_err || sc->accum_err) && float_level()) {
+            if ((int_path(&k) || int_path(&v)) && float_level()) {
                 cr_assert_eq(kernels_set_isa(float_level()), 0);
                 attn_group(&k, &v, q, nq, scale, o, scratch);
                 cr_assert_eq(kernels_set_isa(isa), 0);
@@ -488,7 +488,7 @@ Test(kv, attention_with_spread_scores) {
         fill(q, nq * d);
         for (int j = 0; j < nq * d; j++) q[j] *= 30;
         float *scratch = malloc(sizeof(float) * attn_scratch_floats(nq, d));
-        if ((sc->score_err || sc->accum_err) && float_level()) cr_assert_eq(kernels_set_isa(float_level()), 0);
+        if ((int_path(&k) || int_path(&v)) && float_level()) cr_assert_eq(kernels_set_isa(float_level()), 0);
         const uint64_t csr = fp_control();
         attn_group(&k, &v, q, nq, 1.0f / sqrtf((float)d), o, scratch);
         cr_expect_eq(fp_control(), csr, "%s: MXCSR/FPCR %#llx after attention, %#llx before", sc->name,
