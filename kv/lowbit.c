@@ -378,7 +378,6 @@ PREFETCH void lb_prefetch(const uint8_t *data, int vb, int t, int n) {
     for (size_t b = 0; b < (size_t)n * (size_t)vb; b += 64) _mm_prefetch(p + (size_t)LB_FAR * vb + b, _MM_HINT_T1);
 }
 
-
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
