@@ -50,6 +50,30 @@ quantize32_512(const float *x, int8_t *q, int32_t *bias) {
     *bias = (int32_t)(0u - 128u * (uint32_t)_mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh)));
     return d;
 }
+/* max|x[0..n)| (n a multiple of 8) into *mx: 0, or -1 when a value is
+ * NaN or ±inf (they compare unordered or above FLT_MAX). The max is exact,
+ * so it is the scalar loop's in any order. */
+__attribute__((target("avx2"), always_inline)) static inline int absmax_avx2(const float *x, int n, float *mx) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
+        m = _mm256_max_ps(m, a);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    *mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    return _mm256_movemask_ps(bad) ? -1 : 0;
+}
+
+/* The sum of 8 int32 lanes. */
+__attribute__((target("avx2"), always_inline)) static inline int32_t hsum_i32_avx2(__m256i v) {
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+}
+
 /* x[0..31] · s rounded to nearest even, as bytes in order (the caller
  * keeps |x · s| <= 127), and their sum added to *sum's lanes: what the
  * AVX2 integer scores (kv/) make of their queries. */
@@ -65,18 +89,12 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i round32_avx
 /* quantize32_ref with 8 lanes: the same numbers for finite x. */
 __attribute__((target("avx2"), always_inline)) static inline float quantize32_avx2(const float *x, int8_t *q,
                                                                                  int32_t *bias) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
-    for (int k = 8; k < 32; k += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    float amax;
+    absmax_avx2(x, 32, &amax);
     const float d = amax / 127.0f, id = d > 1.0f / FLT_MAX ? 1.0f / d : 0.0f;
     __m256i sum = _mm256_setzero_si256();
     _mm256_storeu_si256((__m256i *)q, round32_avx2(x, _mm256_set1_ps(id), &sum));
-    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-    *bias = -128 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+    *bias = -128 * hsum_i32_avx2(sum);
     return d;
 }
 #endif /* __x86_64__ */

@@ -684,17 +684,9 @@ AVX2_INLINE void score_i8_avx2_body(const LbFmt *f, const int NQ, const int RN, 
  * lrintf does): the same bytes, split into even and odd values; -1 for a
  * non-finite query. */
 AVX2_INLINE int q8_prep_avx2(const float *q, float cb8_s, LbQ8Avx2 *o, float *inv) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-    for (int j = 0; j < 128; j += 8) {
-        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(q + j));
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ)); /* NaN, ±inf */
-        m = _mm256_max_ps(m, a);
-    }
-    if (_mm256_movemask_ps(bad)) return -1;
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h))), s = mx > 127.0f / FLT_MAX ? 127.0f / mx : 0;
+    float mx;
+    if (absmax_avx2(q, 128, &mx)) return -1;
+    const float s = mx > 127.0f / FLT_MAX ? 127.0f / mx : 0;
     /* per 128-bit lane even bytes to its low half, odd to its high half */
     const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
                                            14, 1, 3, 5, 7, 9, 11, 13, 15);
@@ -756,32 +748,6 @@ static int lb_sum_value(int k, int l) {
     const int c = k / 4, n = k / 2 % 2, m = k % 2, h = c / 2, e = c % 2;
     const int b = 32 * h + 8 * e + (l < 4 ? 4 * m + l : 16 + 4 * m + l - 4);
     return 2 * b + n;
-}
-
-/* Positions [ta, ta + n)'s weights for one head into word pairs: -1 when
- * one is not finite. wq[t] = w_t rounded at 32767 / max|w| (pairs16.h's
- * p16_round, vcvtps2dq's nearest even), *inv its inverse (0 when all 0). */
-AVX2_INLINE int lb_round16_avx2(const float *wf, int np, int16_t *wq, float *inv) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-    for (int t = 0; t < np; t += 8) {
-        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(wf + t));
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ)); /* NaN, ±inf */
-        m = _mm256_max_ps(m, a);
-    }
-    if (_mm256_movemask_ps(bad)) return -1;
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    const __m256 sc = _mm256_set1_ps(mx > 32767.0f / FLT_MAX ? 32767.0f / mx : 0);
-    *inv = mx > 0 ? mx / 32767.0f : 0;
-    for (int t = 0; t < np; t += 16) {
-        const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf + t), sc)),
-                      b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf + t + 8), sc));
-        /* packs works per 128-bit lane: qwords come out 0 2 1 3 */
-        _mm256_storeu_si256((__m256i *)(wq + t), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
-    }
-    return 0;
 }
 
 /* One span for NQ <= 2 heads (weights wq[i][0..np)), quarter by quarter,
@@ -859,12 +825,12 @@ AVX2 static int accum_i16_avx2(const KVStream *s, const float *p, int ldp, int n
         }
         for (int i0 = 0; i0 < nq; i0 += 2) {
             const int NH = nq - i0 < 2 ? nq - i0 : 2;
-            float wf[P16_SPAN + 16], inv[2];
+            float wf[1][P16_SPAN], inv[2];
             int16_t wq[2][P16_SPAN];
             for (int i = 0; i < NH; i++) {
                 const float *pi = p + (size_t)(i0 + i) * ldp + (ta - t0);
-                for (int t = 0; t < np + 16; t++) wf[t] = t < n ? pi[t] * sc[t] : 0;
-                if (lb_round16_avx2(wf, np, wq[i], &inv[i])) return -1;
+                for (int t = 0; t < P16_SPAN; t++) wf[0][t] = t < n ? pi[t] * sc[t] : 0;
+                if (p16_round_avx2((const float (*)[P16_SPAN])wf, 1, np, &wq[i], &inv[i])) return -1;
             }
             if (NH == 2) lb_span16_avx2(s->data, f->vec_bytes, f->hdr, 2, ta, n, wq, inv, tlo, thi, S + i0);
             else lb_span16_avx2(s->data, f->vec_bytes, f->hdr, 1, ta, n, wq, inv, tlo, thi, S + i0);

@@ -33,6 +33,7 @@
 
 #if defined(__x86_64__) /* x86 kernels: the includer's x86 region uses them, other CPUs never */
 
+#include "kernels/quant32.h"
 #include "kv/kv.h"
 
 #include <float.h>
@@ -90,6 +91,29 @@ PAIRS16 int p16_round(const float (*wf)[P16_SPAN], int ng, int np, int16_t (*wq)
         for (int t = 0; t < np; t += 16)
             _mm256_store_si256((__m256i *)(wq[g] + t),
                                _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(wf[g] + t), sc))));
+    return 0;
+}
+
+/* p16_round on AVX2 (q8's and tbq4/polar4's integer sums there, kv/q8.c
+ * and kv/lowbit.c): the same weights, 8 lanes at a time; wf's entries
+ * from np up to the next multiple of 16 are read and must be finite. */
+__attribute__((target("avx2"), always_inline)) static inline int
+p16_round_avx2(const float (*wf)[P16_SPAN], int ng, int np, int16_t (*wq)[P16_SPAN], float *inv) {
+    float mx = 0;
+    for (int g = 0; g < ng; g++) {
+        float m;
+        if (absmax_avx2(wf[g], (np + 7) & ~7, &m)) return -1;
+        mx = fmaxf(mx, m);
+    }
+    const __m256 sc = _mm256_set1_ps(mx > 32767.0f / FLT_MAX ? 32767.0f / mx : 0);
+    *inv = mx > 0 ? mx / 32767.0f : 0;
+    for (int g = 0; g < ng; g++)
+        for (int t = 0; t < np; t += 16) {
+            const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf[g] + t), sc)),
+                          b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf[g] + t + 8), sc));
+            /* packs works per 128-bit lane: qwords come out 0 2 1 3 */
+            _mm256_storeu_si256((__m256i *)(wq[g] + t), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
+        }
     return 0;
 }
 

@@ -429,25 +429,15 @@ AVX2_INLINE void score_i8_avx2_body(const KVStream *s, const int NQ, const Q4Q8 
  * lrintf does): the same bytes, whose order in a block is already its
  * lo[16k..] then hi[16k..]. */
 AVX2_INLINE int q8_prep_avx2(const float *q, Q4Q8 *o) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int k = 0; k < 4; k++) {
-        __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-        for (int j = 0; j < QK; j += 8) {
-            const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(q + 32 * k + j));
-            bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ)); /* NaN, ±inf */
-            m = _mm256_max_ps(m, a);
-        }
-        if (_mm256_movemask_ps(bad)) return -1;
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h))), sc = mx > 127.0f / FLT_MAX ? 127.0f / mx : 0;
+        float mx;
+        if (absmax_avx2(q + 32 * k, QK, &mx)) return -1;
+        const float sc = mx > 127.0f / FLT_MAX ? 127.0f / mx : 0;
         __m256i sum = _mm256_setzero_si256();
         const __m256i b = round32_avx2(q + 32 * k, _mm256_set1_ps(sc), &sum);
         _mm_storeu_si128((__m128i *)(o->lo + 16 * k), _mm256_castsi256_si128(b));
         _mm_storeu_si128((__m128i *)(o->hi + 16 * k), _mm256_extracti128_si256(b, 1));
-        const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-        const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-        o->B[k] = 8 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+        o->B[k] = 8 * hsum_i32_avx2(sum);
         o->qd[k] = sc > 0 ? 1.0f / sc : 0;
     }
     return 0;

@@ -663,12 +663,8 @@ AVX2_INLINE void score_tiles_avx2(const KVStream *s, const int NQ, const Q8Query
 
 /* q8_query_ref in 8 lanes (quant32.h), and the codes' magnitudes. */
 AVX2_INLINE int q8_query_avx2(const float *q, Q8Query *o, uint8_t *aq) {
-    /* NaN and ±inf compare unordered or above FLT_MAX */
-    __m256 bad = _mm256_setzero_ps();
-    for (int j = 0; j < 128; j += 8)
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(q + j)),
-                                              _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
-    if (_mm256_movemask_ps(bad)) return -1;
+    float mx;
+    if (absmax_avx2(q, 128, &mx)) return -1; /* NaN or ±inf */
     for (int b = 0; b < 4; b++) {
         o->dq[b] = quantize32_avx2(q + QK * b, o->c + QK * b, &o->bias[b]);
         _mm256_storeu_si256((__m256i *)(aq + QK * b), _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(o->c + QK * b))));
@@ -790,7 +786,6 @@ VNNI static int accum_int(const KVStream *s, const float *p, int ldp, int nq, in
  * pair serves a step and two heads' 8 sums stay in registers. */
 AVX2_INLINE int accum_tiles_avx2(const KVStream *s, const float *p, int ldp, const int NH, int t0, int t1,
                                  __m256 (*sum)[16]) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int ta = t0 - t0 % TT; ta < t1; ta += P16_SPAN) {
         const int n = t1 - ta < P16_SPAN ? t1 - ta : P16_SPAN, np = (n + TT - 1) / TT * TT;
         float wf[2][4][P16_SPAN];
@@ -799,7 +794,6 @@ AVX2_INLINE int accum_tiles_avx2(const KVStream *s, const float *p, int ldp, con
         for (int i = 0; i < NH; i++) {
             /* weights in range, 0 elsewhere, times each block's scales
              * (a tile's 16 of block g are one 32-byte row) */
-            __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
             float pw[P16_SPAN];
             for (int u = 0; u < np; u++) pw[u] = ta + u >= t0 && ta + u < t1 ? p[(size_t)i * ldp + (ta + u - t0)] : 0;
             for (int u = 0; u < np; u += 8) {
@@ -810,25 +804,7 @@ AVX2_INLINE int accum_tiles_avx2(const KVStream *s, const float *p, int ldp, con
                     _mm256_storeu_ps(wf[i][g] + u, _mm256_and_ps(live, _mm256_mul_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128(
                                                                                        (const __m128i *)(sr + 32 * g))))));
             }
-            for (int g = 0; g < 4; g++)
-                for (int u = 0; u < np; u += 8) {
-                    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(wf[i][g] + u));
-                    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ)); /* NaN, ±inf */
-                    m = _mm256_max_ps(m, a);
-                }
-            if (_mm256_movemask_ps(bad)) return -1;
-            __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-            const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-            const __m256 sc = _mm256_set1_ps(mx > 32767.0f / FLT_MAX ? 32767.0f / mx : 0);
-            inv[i] = mx > 0 ? mx / 32767.0f : 0;
-            for (int g = 0; g < 4; g++)
-                for (int u = 0; u < np; u += 16) {
-                    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf[i][g] + u), sc)),
-                                  b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wf[i][g] + u + 8), sc));
-                    /* packs works per 128-bit lane: qwords come out 0 2 1 3 */
-                    _mm256_storeu_si256((__m256i *)(wq[i][g] + u), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
-                }
+            if (p16_round_avx2((const float (*)[P16_SPAN])wf[i], 4, np, wq[i], &inv[i])) return -1;
         }
         for (int b = 0; b < 4; b++) {
             __m256i a[2][4];
