@@ -74,6 +74,47 @@ __attribute__((target("avx2"), always_inline)) static inline int32_t hsum_i32_av
     return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
 }
 
+/* [sum(a), sum(b), sum(c), sum(d)] of 8 int32 lanes each. */
+__attribute__((target("avx2"), always_inline)) static inline __m128i hsum4_i32_avx2(__m256i a, __m256i b, __m256i c,
+                                                                                   __m256i d) {
+    const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+    const __m256i cd = _mm256_add_epi32(_mm256_unpacklo_epi32(c, d), _mm256_unpackhi_epi32(c, d));
+    const __m256i s = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+/* Bytes of 64 values v[0], v[1] (32 each, in order) as vpshufb-decoded
+ * 4-bit codes give them, low and high nibble of byte b holding values 2b
+ * and 2b + 1: v[0] = the 32 even values, v[1] = the 32 odd ones. */
+__attribute__((target("avx2"), always_inline)) static inline void split2_avx2(__m256i v[2]) {
+    /* per 128-bit lane even bytes to its low half, odd to its high half,
+     * then the lanes' halves in order: 16 even values, 16 odd */
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
+                                           14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i w0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v[0], split), 0xd8), /* 0 2 1 3 */
+        w1 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v[1], split), 0xd8);
+    v[0] = _mm256_permute2x128_si256(w0, w1, 0x20);
+    v[1] = _mm256_permute2x128_si256(w0, w1, 0x31);
+}
+
+/* Bytes of 128 values v[0..3] (32 each, in order) as 2-bit codes give
+ * them, bits 2k..2k+1 of byte b holding value 4b + k: v[k] = values 4b + k,
+ * b = 0..31. */
+__attribute__((target("avx2"), always_inline)) static inline void split4_avx2(__m256i v[4]) {
+    /* per lane bytes 4b' + k to dword k; then dword k of both lanes to
+     * qword k; then the four registers' qwords k make v[k] */
+    const __m256i split = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9,
+                                           13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i pair = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int k = 0; k < 4; k++) v[k] = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v[k], split), pair);
+    const __m256i l01 = _mm256_unpacklo_epi64(v[0], v[1]), h01 = _mm256_unpackhi_epi64(v[0], v[1]),
+                  l23 = _mm256_unpacklo_epi64(v[2], v[3]), h23 = _mm256_unpackhi_epi64(v[2], v[3]);
+    v[0] = _mm256_permute2x128_si256(l01, l23, 0x20);
+    v[1] = _mm256_permute2x128_si256(h01, h23, 0x20);
+    v[2] = _mm256_permute2x128_si256(l01, l23, 0x31);
+    v[3] = _mm256_permute2x128_si256(h01, h23, 0x31);
+}
+
 /* x[0..31] · s rounded to nearest even, as bytes in order (the caller
  * keeps |x · s| <= 127), and their sum added to *sum's lanes: what the
  * AVX2 integer scores (kv/) make of their queries. */

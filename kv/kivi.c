@@ -9,7 +9,8 @@
  * Attention reads [quantized | window] through kivi_score (K, zero point
  * factored out per group) and kivi_accum (V, zero point summed per group):
  * AVX-512 kernels for head dims 128 and 256 (V: groups of 16 channels or
- * a multiple), else AVX2, else plain C; NEON ones on aarch64.
+ * a multiple), else AVX2 (K scores in integers at head dim 128), else
+ * plain C; NEON ones on aarch64.
  *
  * Per group: s = (max - min) / (2^b - 1), z = min, both fp16;
  * code = round(clamp((x - z) / s, 0, 2^b - 1)) with the fp16 s and z
@@ -39,6 +40,8 @@
 #include "kernels/vec.h"
 #include "kv/kv.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -339,6 +342,60 @@ static void score_keys_c(const KVStream *s, const float *q, int nq, int t0, int 
     score_window(s, q, nq, t0 > tq ? t0 : tq, t1, out, ldo, t0);
 }
 
+/* ---- integer K scores (d = 128) -------------------------------------------
+ * Per key block and head the scaled query qs = q·s is rounded to 16-bit
+ * words at σ = 32767 / max|qs|, so a quantized position's score is one
+ * fused multiply-add, (Σ_c qs16[c]·code[c]) · (max|qs| / 32767) + bias,
+ * over an exact integer dot (128 · 15 · 32767 < 2^31); the window keeps
+ * its f32 dots. Words, not bytes: KIVI's codes are unsigned, so an 8-bit
+ * query's rounding error adds up over codes 0..2^b - 1 rather than around
+ * zero, and with an outlier channel setting max|qs| it reached twice
+ * score_err of ‖q‖‖k‖; 16 bits leave it far below (score_err).
+ * The bias Σ q·z is summed as the AVX2 kernel sums it (8 lanes of fused
+ * multiply-adds, then its hsum tree: (l0+l4 + l2+l6) + (l1+l5 + l3+l7)),
+ * so kivi_score_int is that kernel's plain C twin to the bit. */
+typedef struct {
+    int16_t q[128]; /* qs16, in channel order (the twin) or code order (AVX2) */
+    float inv;      /* max|qs| / 32767 */
+    float bias;     /* Σ q·z */
+} KiviQ16;
+
+/* Head q's qs16, scale and bias for the key block at blk: 0, or -1 where
+ * q·s or q·z is not finite (the float path takes the call). */
+static int kq_prep_ref(const uint8_t *blk, const float *q, KiviQ16 *o) {
+    float qs[128], l[8] = {0}, m = 0;
+    for (int c = 0; c < 128; c++) {
+        qs[c] = q[c] * ld16(blk, c);
+        l[c % 8] = fmaf(q[c], ld16(blk, 128 + c), l[c % 8]);
+        if (!isfinite(qs[c])) return -1;
+        m = fmaxf(m, fabsf(qs[c]));
+    }
+    const float sigma = m > 32767.0f / FLT_MAX ? 32767.0f / m : 0;
+    for (int c = 0; c < 128; c++) o->q[c] = (int16_t)lrintf(qs[c] * sigma);
+    o->inv = m / 32767.0f;
+    o->bias = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    return isfinite(o->bias) ? 0 : -1;
+}
+
+static int kivi_score_int(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const Kivi *k = s->aux;
+    const int nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
+    if (s->role != 0 || s->d != 128) return -1;
+    for (int i = 0; i < nq; i++) {
+        KiviQ16 o = {{0}, 0, 0};
+        for (int t = t0; t < tq; t++) {
+            const int bi = t / k->G;
+            const uint8_t *blk = s->data + (size_t)bi * k->unit, *row = blk + 512 + (size_t)(t - bi * k->G) * k->row;
+            if ((t == t0 || t % k->G == 0) && kq_prep_ref(blk, q + (size_t)i * 128, &o)) return -1;
+            int32_t dot = 0;
+            for (int c = 0; c < 128; c++) dot += o.q[c] * get_code(row, c, k->b);
+            out[(size_t)i * ldo + (t - t0)] = fmaf((float)dot, o.inv, o.bias);
+        }
+    }
+    score_window(s, q, nq, t0 > tq ? t0 : tq, t1, out, ldo, t0);
+    return 0;
+}
+
 /* Plain C V accumulate: per token and group, acc_i += (p_i·s_g)·code, while
  * Σ_t p_i·z_g collects per head and group and is added once at the end. */
 static void accum_values_c(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
@@ -370,6 +427,7 @@ static void accum_values_c(const KVStream *s, const float *p, int ldp, int nq, i
 #include <immintrin.h>
 
 #include "kernels/hsum.h"
+#include "kernels/quant32.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -391,6 +449,19 @@ AVX2 static inline __m256 unpack8(const uint8_t *p, int b, __m256i sh, __m256i m
 }
 
 AVX2 static inline __m256i shifts(int b) { return _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b); }
+
+/* The 8-code chunks j (even) and j + 1 of b = 2 from their 4 bytes at p:
+ * one broadcast, the second chunk's lanes shifted 16 further (shifts(2)
+ * and that plus 16 in sh[0], sh[1]), and vpermps, which reads a lane's low
+ * 3 bits only, looks each code up as a float in lut = 0 1 2 3 0 1 2 3 (so
+ * the next code's bit 2 needs no mask): the floats unpack8 converts. */
+AVX2 static inline void unpack16(const uint8_t *p, const __m256i sh[2], __m256 lut, __m256 cf[2]) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    const __m256i v = _mm256_set1_epi32((int)w);
+    cf[0] = _mm256_permutevar8x32_ps(lut, _mm256_srlv_epi32(v, sh[0]));
+    cf[1] = _mm256_permutevar8x32_ps(lut, _mm256_srlv_epi32(v, sh[1]));
+}
 
 /* ld16 through F16C. */
 AVX2 static inline float ld16_f16c(const uint8_t *p, int i) {
@@ -418,15 +489,18 @@ AVX2 static void prep_block_avx2(const KVStream *s, const uint8_t *blk, const fl
 }
 
 /* Quantized key positions [t0, t1) for nh heads, the window excluded.
- * Inlined with nh a constant (see score_keys_avx2), so the accumulators stay
- * in registers: each row is unpacked 8 codes at a time, each chunk feeding
- * every head's qs (scratch [HEADS][KV_MAX_DIM]). out is indexed from base. */
-AVX2 static inline __attribute__((always_inline)) void score_heads(const KVStream *s, const float *qh, int nh, int t0,
-                                                                    int t1, float *out, int ldo, int base,
-                                                                    float (*qs)[KV_MAX_DIM]) {
+ * Inlined with nh and b constants (see score_keys_avx2), so the
+ * accumulators stay in registers: each row is unpacked 8 codes at a time
+ * (16 from one load for b = 2), each chunk feeding every head's qs
+ * (scratch [HEADS][KV_MAX_DIM]). out is indexed from base. */
+AVX2 static inline __attribute__((always_inline)) void score_heads(const KVStream *s, const float *qh, int nh,
+                                                                    const int b, int t0, int t1, float *out, int ldo,
+                                                                    int base, float (*qs)[KV_MAX_DIM]) {
     const Kivi *k = s->aux;
-    const int d = s->d, b = k->b;
+    const int d = s->d;
     const __m256i sh = shifts(b), mask = _mm256_set1_epi32((1 << b) - 1);
+    const __m256i sh2[2] = {sh, _mm256_add_epi32(sh, _mm256_set1_epi32(16))};
+    const __m256 lut = _mm256_setr_ps(0, 1, 2, 3, 0, 1, 2, 3);
     float bias[HEADS];
     for (int t = t0; t < t1;) {
         const int bi = t / k->G, te = (bi + 1) * k->G < t1 ? (bi + 1) * k->G : t1;
@@ -437,9 +511,13 @@ AVX2 static inline __attribute__((always_inline)) void score_heads(const KVStrea
             __m256 acc[HEADS];
             for (int i = 0; i < nh; i++) acc[i] = _mm256_setzero_ps();
             const uint8_t *pc = row;
-            for (int c = 0; c < d; c += 8, pc += b) {
-                __m256 cf = unpack8(pc, b, sh, mask);
-                for (int i = 0; i < nh; i++) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs[i] + c), cf, acc[i]);
+            for (int c = 0; c < d;) {
+                __m256 cf[2];
+                const int two = b == 2 && c + 8 < d;
+                if (two) unpack16(pc, sh2, lut, cf);
+                else cf[0] = unpack8(pc, b, sh, mask);
+                for (int h = 0; h <= two; h++, c += 8, pc += b)
+                    for (int i = 0; i < nh; i++) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs[i] + c), cf[h], acc[i]);
             }
             for (int i = 0; i < nh; i++) out[(size_t)i * ldo + (t - base)] = hsum(acc[i]) + bias[i];
         }
@@ -449,71 +527,255 @@ AVX2 static inline __attribute__((always_inline)) void score_heads(const KVStrea
 /* AVX2 K score (d % 8 == 0): heads in tiles of up to HEADS, each tile size
  * a separate inlined copy; then the window. */
 AVX2 static void score_keys_avx2(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const Kivi *k = s->aux;
     const int nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
     float qs[HEADS][KV_MAX_DIM];
     for (int h0 = 0; h0 < nq && t0 < tq; h0 += HEADS) {
         const float *qh = q + (size_t)h0 * s->d;
         float *o = out + (size_t)h0 * ldo;
+#define SCORE(NH)                                                                                                  \
+    k->b == 2 ? score_heads(s, qh, NH, 2, t0, tq, o, ldo, t0, qs) : score_heads(s, qh, NH, 4, t0, tq, o, ldo, t0, qs)
         switch (nq - h0 < HEADS ? nq - h0 : HEADS) {
-        case 1: score_heads(s, qh, 1, t0, tq, o, ldo, t0, qs); break;
-        case 2: score_heads(s, qh, 2, t0, tq, o, ldo, t0, qs); break;
-        case 3: score_heads(s, qh, 3, t0, tq, o, ldo, t0, qs); break;
-        case 4: score_heads(s, qh, 4, t0, tq, o, ldo, t0, qs); break;
-        case 5: score_heads(s, qh, 5, t0, tq, o, ldo, t0, qs); break;
-        case 6: score_heads(s, qh, 6, t0, tq, o, ldo, t0, qs); break;
-        case 7: score_heads(s, qh, 7, t0, tq, o, ldo, t0, qs); break;
-        default: score_heads(s, qh, 8, t0, tq, o, ldo, t0, qs); break;
+        case 1: SCORE(1); break;
+        case 2: SCORE(2); break;
+        case 3: SCORE(3); break;
+        case 4: SCORE(4); break;
+        case 5: SCORE(5); break;
+        case 6: SCORE(6); break;
+        case 7: SCORE(7); break;
+        default: SCORE(8); break;
         }
+#undef SCORE
     }
     score_window(s, q, nq, t0 > tq ? t0 : tq, t1, out, ldo, t0);
 }
 
-/* Quantized value positions [t0, t1) for nh heads, b bits, the window
- * excluded; inlined with b constant (see accum_values_avx2). Per token and
- * group the weights p_i·s_g are broadcast once, each 8-code chunk is
- * unpacked once for all nh heads, and Σ_t p_i·z_g goes to zs[i][g]. */
-AVX2 static inline __attribute__((always_inline)) void accum_heads(const KVStream *s, const float *p, int ldp, int nh,
-                                                                    int b, int t0, int t1, float *acc,
-                                                                    float (*zs)[KV_MAX_DIM]) {
+/* kivi_score_int's arithmetic with 256-bit integers (d = 128, K streams).
+ * A row's codes come apart as bytes (b = 2: bits 2k..2k+1 of the 32 row
+ * bytes, channels 4j + k; b = 4: low and high nibbles of bytes 0-31, then
+ * of 32-63) and widen to words against zero (vpunpck*bw); per block and
+ * head qs16 is laid out in that order once, its low and high bytes apart
+ * through the same byte shuffles (kernels/quant32.h: split4_avx2,
+ * split2_avx2) and joined by the same unpacks. vpmaddwd then multiplies
+ * and adds word pairs exactly. Positions four at a time share one hsum
+ * tree per head. */
+AVX2 static inline int kq_prep_avx2(const KVStream *s, const uint8_t *blk, const float *q, KiviQ16 *o) {
+    const Kivi *k = s->aux;
+    float qs[1][KV_MAX_DIM], m;
+    prep_block_avx2(s, blk, q, 1, qs, &o->bias);
+    if (absmax_avx2(qs[0], 128, &m) || !isfinite(o->bias)) return -1;
+    const __m256 sigma = _mm256_set1_ps(m > 32767.0f / FLT_MAX ? 32767.0f / m : 0);
+    const __m256i ff = _mm256_set1_epi16(0xff), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i lo[4], hi[4];
+    for (int j = 0; j < 4; j++) {
+        __m256i v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qs[0] + 32 * j + 8 * i), sigma));
+        /* |v| <= 32767: the packs are exact; per 128-bit lane they leave
+         * dwords in the order 0 4 1 5 2 6 3 7, which order undoes */
+        const __m256i w0 = _mm256_packs_epi32(v[0], v[1]), w1 = _mm256_packs_epi32(v[2], v[3]);
+        lo[j] = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(_mm256_and_si256(w0, ff), _mm256_and_si256(w1, ff)), order);
+        hi[j] = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_srai_epi16(w0, 8), _mm256_srai_epi16(w1, 8)), order);
+    }
+    if (k->b == 2) {
+        split4_avx2(lo);
+        split4_avx2(hi);
+    } else {
+        split2_avx2(lo);
+        split2_avx2(lo + 2);
+        split2_avx2(hi);
+        split2_avx2(hi + 2);
+    }
+    for (int j = 0; j < 4; j++) {
+        _mm256_storeu_si256((__m256i *)(o->q + 32 * j), _mm256_unpacklo_epi8(lo[j], hi[j]));
+        _mm256_storeu_si256((__m256i *)(o->q + 32 * j + 16), _mm256_unpackhi_epi8(lo[j], hi[j]));
+    }
+    o->inv = m / 32767.0f;
+    return 0;
+}
+
+/* One row's 128 codes as eight vectors of words, in qs16's order. */
+AVX2 static inline __attribute__((always_inline)) void kq_codes(const int b, const uint8_t *row, __m256i x[8]) {
+    const __m256i v0 = _mm256_loadu_si256((const __m256i *)row), z = _mm256_setzero_si256();
+    __m256i c[4];
+    if (b == 2) {
+        /* a 16-bit shift moves the next byte's bits into the top of each
+         * byte, above the two the mask keeps */
+        for (int j = 0; j < 4; j++) c[j] = _mm256_and_si256(_mm256_srli_epi16(v0, 2 * j), _mm256_set1_epi8(3));
+    } else {
+        const __m256i m4 = _mm256_set1_epi8(15), v1 = _mm256_loadu_si256((const __m256i *)(row + 32));
+        c[0] = _mm256_and_si256(v0, m4);
+        c[1] = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4);
+        c[2] = _mm256_and_si256(v1, m4);
+        c[3] = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
+    }
+    for (int j = 0; j < 4; j++) {
+        x[2 * j] = _mm256_unpacklo_epi8(c[j], z);
+        x[2 * j + 1] = _mm256_unpackhi_epi8(c[j], z);
+    }
+}
+
+/* Quantized positions [t0, t1) for NH <= 4 heads (q[NH][128]), b bits;
+ * out indexed from t0. 0, or -1 for the float path. */
+AVX2 static inline __attribute__((always_inline)) int score_i8_heads(const KVStream *s, const float *q, const int NH,
+                                                                      const int b, int t0, int t1, float *out,
+                                                                      int ldo) {
+    const Kivi *k = s->aux;
+    KiviQ16 o[4];
+    for (int t = t0; t < t1;) {
+        const int bi = t / k->G, te = (bi + 1) * k->G < t1 ? (bi + 1) * k->G : t1;
+        const uint8_t *blk = s->data + (size_t)bi * k->unit, *rows = blk + 512;
+        for (int i = 0; i < NH; i++)
+            if (kq_prep_avx2(s, blk, q + (size_t)i * 128, &o[i])) return -1;
+        for (int R; t < te; t += R) {
+            R = te - t < 4 ? te - t : 4;
+            __m256i acc[4][4];
+            for (int r = 0; r < 4; r++) {
+                if (r >= R) {
+                    for (int i = 0; i < NH; i++) acc[r][i] = _mm256_setzero_si256();
+                    continue;
+                }
+                __m256i x[8];
+                kq_codes(b, rows + (size_t)(t + r - bi * k->G) * k->row, x);
+                for (int i = 0; i < NH; i++) {
+                    const __m256i *qi = (const __m256i *)o[i].q;
+                    __m256i a = _mm256_madd_epi16(x[0], _mm256_loadu_si256(qi));
+                    for (int j = 1; j < 8; j++) a = _mm256_add_epi32(a, _mm256_madd_epi16(x[j], _mm256_loadu_si256(qi + j)));
+                    acc[r][i] = a;
+                }
+            }
+            for (int i = 0; i < NH; i++) {
+                float s4[4];
+                const __m128 dot = _mm_cvtepi32_ps(hsum4_i32_avx2(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
+                _mm_storeu_ps(s4, _mm_fmadd_ps(dot, _mm_set1_ps(o[i].inv), _mm_set1_ps(o[i].bias)));
+                for (int r = 0; r < R; r++) out[(size_t)i * ldo + (t - t0) + r] = s4[r];
+            }
+        }
+    }
+    return 0;
+}
+
+/* AVX2 integer K score (d = 128): heads in passes of up to 4, then the
+ * window. 0, or -1 when a query meets a block whose q·s or q·z is not
+ * finite (the float path takes the whole call). */
+AVX2 static int score_keys_i8_avx2(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
+    const Kivi *k = s->aux;
+    const int nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
+    for (int h0 = 0; h0 < nq && t0 < tq; h0 += 4) {
+        const float *qh = q + (size_t)h0 * 128;
+        float *oh = out + (size_t)h0 * ldo;
+        int rc;
+#define SCORE(NH)                                                                                                  \
+    rc = k->b == 2 ? score_i8_heads(s, qh, NH, 2, t0, tq, oh, ldo) : score_i8_heads(s, qh, NH, 4, t0, tq, oh, ldo)
+        switch (nq - h0 < 4 ? nq - h0 : 4) {
+        case 1: SCORE(1); break;
+        case 2: SCORE(2); break;
+        case 3: SCORE(3); break;
+        default: SCORE(4); break;
+        }
+#undef SCORE
+        if (rc) return -1;
+    }
+    score_window(s, q, nq, t0 > tq ? t0 : tq, t1, out, ldo, t0);
+    return 0;
+}
+
+/* Positions whose weights accum_heads computes ahead of their passes. */
+#define KT 32
+
+/* Quantized value positions [t0, t1) for NH <= 4 heads, b bits, the window
+ * excluded; inlined with NH, b and NC constant (see accum_values_avx2). Per
+ * tile of KT positions the weights p_i·s_g are computed first, and
+ * Σ_t p_i·z_g added to zs[i][g] (four groups a vector where ng % 4 == 0:
+ * the scales and zeros are fp16 arrays at the unit's head); then the
+ * channels go in passes of NC 8-code chunks (G a multiple of 8·NC), whose
+ * NH · NC partial sums stay in registers over the tile (its rows in L1),
+ * each chunk unpacked once for all NH heads and each weight a broadcast
+ * from L1 (docs/kernel-notes.md#kivi-weights). Each sum takes the
+ * positions in order, so a head's result does not depend on NH. */
+AVX2 static inline __attribute__((always_inline)) void accum_heads(const KVStream *s, const float *p, int ldp,
+                                                                    const int NH, const int b, const int NC, int t0,
+                                                                    int t1, float *acc, float (*zs)[KV_MAX_DIM]) {
     const Kivi *k = s->aux;
     const int d = s->d, G = k->G, ng = d / G;
     const size_t unit = k->unit;
     const __m256i sh = shifts(b), mask = _mm256_set1_epi32((1 << b) - 1);
-    for (int t = t0; t < t1; t++) {
-        const uint8_t *u = s->data + (size_t)t * unit, *row = u + 4 * (size_t)ng;
-        for (int g = 0; g < ng; g++) {
-            const float sg = ld16_f16c(u, g), zg = ld16_f16c(u, ng + g);
-            __m256 ws[HEADS];
-            for (int i = 0; i < nh; i++) {
-                const float w = p[(size_t)i * ldp + (t - t0)];
-                ws[i] = _mm256_set1_ps(w * sg);
-                zs[i][g] += w * zg;
-            }
-            const uint8_t *pc = row + g * G * b / 8;
-            for (int c = g * G; c < (g + 1) * G; c += 8, pc += b) {
-                __m256 cf = unpack8(pc, b, sh, mask);
-                for (int i = 0; i < nh; i++) {
-                    float *ai = acc + (size_t)i * d + c;
-                    _mm256_storeu_ps(ai, _mm256_fmadd_ps(ws[i], cf, _mm256_loadu_ps(ai)));
+    const __m256i sh2[2] = {sh, _mm256_add_epi32(sh, _mm256_set1_epi32(16))};
+    const __m256 lut = _mm256_setr_ps(0, 1, 2, 3, 0, 1, 2, 3);
+    float W[4][KT][KV_MAX_DIM / 8]; /* [head][position][group]: G >= 8 */
+    for (int ta = t0; ta < t1; ta += KT) {
+        const int n = t1 - ta < KT ? t1 - ta : KT;
+        for (int t = 0; t < n; t++) {
+            const uint8_t *u = s->data + (size_t)(ta + t) * unit;
+            for (int i = 0; i < NH; i++) {
+                const float w = p[(size_t)i * ldp + (ta + t - t0)];
+                int g = 0;
+                for (; ng % 4 == 0 && g < ng; g += 4) {
+                    const __m128 wv = _mm_set1_ps(w);
+                    const __m128 sg = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(u + 2 * (size_t)g))),
+                                 zg = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(u + 2 * (size_t)(ng + g))));
+                    _mm_storeu_ps(&W[i][t][g], _mm_mul_ps(wv, sg));
+                    _mm_storeu_ps(&zs[i][g], _mm_add_ps(_mm_loadu_ps(&zs[i][g]), _mm_mul_ps(wv, zg)));
+                }
+                for (; g < ng; g++) {
+                    W[i][t][g] = w * ld16_f16c(u, g);
+                    zs[i][g] += w * ld16_f16c(u, ng + g);
                 }
             }
+        }
+        for (int c0 = 0; c0 < d; c0 += 8 * NC) {
+            const int g = c0 / G;
+            __m256 a[4][4];
+            for (int i = 0; i < NH; i++)
+                for (int j = 0; j < NC; j++) a[i][j] = _mm256_loadu_ps(acc + (size_t)i * d + c0 + 8 * j);
+            for (int t = 0; t < n; t++) {
+                const uint8_t *pc = s->data + (size_t)(ta + t) * unit + 4 * (size_t)ng + (size_t)c0 * b / 8;
+                __m256 ws[4];
+                for (int i = 0; i < NH; i++) ws[i] = _mm256_broadcast_ss(&W[i][t][g]);
+                /* b = 2: chunks in pairs from one load (NC is 1 or even) */
+                for (int j = 0; j < NC; j += b == 2 && NC > 1 ? 2 : 1) {
+                    __m256 cf[2];
+                    if (b == 2 && NC > 1) {
+                        unpack16(pc + j * b, sh2, lut, cf);
+                        for (int i = 0; i < NH; i++) {
+                            a[i][j] = _mm256_fmadd_ps(ws[i], cf[0], a[i][j]);
+                            a[i][j + 1] = _mm256_fmadd_ps(ws[i], cf[1], a[i][j + 1]);
+                        }
+                    } else {
+                        cf[0] = unpack8(pc + j * b, b, sh, mask);
+                        for (int i = 0; i < NH; i++) a[i][j] = _mm256_fmadd_ps(ws[i], cf[0], a[i][j]);
+                    }
+                }
+            }
+            for (int i = 0; i < NH; i++)
+                for (int j = 0; j < NC; j++) _mm256_storeu_ps(acc + (size_t)i * d + c0 + 8 * j, a[i][j]);
         }
     }
 }
 
-/* AVX2 V accumulate (G % 8 == 0): heads in tiles of up to HEADS, the
+/* AVX2 V accumulate (G % 8 == 0): heads in tiles of up to 4, the
  * per-group zero sums added once per tile; then the window. */
 AVX2 static void accum_values_avx2(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const Kivi *k = s->aux;
     const int d = s->d, G = k->G, ng = d / G, nqt = n_quant(s, s->len), tq = t1 < nqt ? t1 : nqt;
-    float zs[HEADS][KV_MAX_DIM];
-    for (int h0 = 0; h0 < nq && t0 < tq; h0 += HEADS) {
-        const int nh = nq - h0 < HEADS ? nq - h0 : HEADS;
+    float zs[4][KV_MAX_DIM];
+    for (int h0 = 0; h0 < nq && t0 < tq; h0 += 4) {
+        const int nh = nq - h0 < 4 ? nq - h0 : 4;
         const float *ph = p + (size_t)h0 * ldp;
         float *ah = acc + (size_t)h0 * d;
         for (int i = 0; i < nh; i++) memset(zs[i], 0, (size_t)ng * sizeof(float));
-        if (k->b == 2) accum_heads(s, ph, ldp, nh, 2, t0, tq, ah, zs);
-        else accum_heads(s, ph, ldp, nh, 4, t0, tq, ah, zs);
+        /* passes of 32 channels for one or two heads, 16 for more, where
+         * the groups divide into them, else of 8 */
+#define PASSES(NH, B, NC)                                                                                          \
+    G % (8 * NC) ? accum_heads(s, ph, ldp, NH, B, 1, t0, tq, ah, zs) : accum_heads(s, ph, ldp, NH, B, NC, t0, tq, ah, zs)
+#define ACCUM(NH, NC) k->b == 2 ? PASSES(NH, 2, NC) : PASSES(NH, 4, NC)
+        switch (nh) {
+        case 1: ACCUM(1, 4); break;
+        case 2: ACCUM(2, 4); break;
+        case 3: ACCUM(3, 2); break;
+        default: ACCUM(4, 2); break;
+        }
+#undef ACCUM
+#undef PASSES
         for (int i = 0; i < nh; i++)
             for (int c = 0; c < d; c++) ah[(size_t)i * d + c] += zs[i][c / G];
     }
@@ -798,6 +1060,7 @@ AVX512 static void accum_values_avx512(const KVStream *s, const float *p, int ld
 static void kivi_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (s->role != 0) kv_score_ref(s, q, nq, t0, t1, out, ldo);
     else if (kernels_level() >= 2 && (s->d == 128 || s->d == 256)) score_keys_avx512(s, q, nq, t0, t1, out, ldo);
+    else if (kernels_level() == 1 && s->d == 128 && !score_keys_i8_avx2(s, q, nq, t0, t1, out, ldo)) return;
     else if (kernels_level() > 0 && s->d % 8 == 0) score_keys_avx2(s, q, nq, t0, t1, out, ldo);
     else score_keys_c(s, q, nq, t0, t1, out, ldo);
 }
@@ -952,7 +1215,7 @@ const KVScheme kv_kivi2 = {
     .bits = kivi2_bits, .check = kivi_check, .init = kivi2_init, .free = kivi_free,
     .append = kivi_append, .truncate = kivi_truncate, .dequant = kivi_dequant,
     .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes, .windowed = 1, .settled = kivi_settled,
-    .save_bytes = kivi_save_bytes, .save = kivi_save, .load = kivi_load,
+    .save_bytes = kivi_save_bytes, .save = kivi_save, .load = kivi_load, .score_err = 5e-4f, .score_int = kivi_score_int,
 };
 
 const KVScheme kv_kivi4 = {
@@ -960,5 +1223,5 @@ const KVScheme kv_kivi4 = {
     .bits = kivi4_bits, .check = kivi_check, .init = kivi4_init, .free = kivi_free,
     .append = kivi_append, .truncate = kivi_truncate, .dequant = kivi_dequant,
     .score = kivi_score, .accum = kivi_accum, .bytes = kivi_bytes, .windowed = 1, .settled = kivi_settled,
-    .save_bytes = kivi_save_bytes, .save = kivi_save, .load = kivi_load,
+    .save_bytes = kivi_save_bytes, .save = kivi_save, .load = kivi_load, .score_err = 5e-4f, .score_int = kivi_score_int,
 };

@@ -86,18 +86,19 @@ typedef struct KVScheme {
     size_t (*bytes)(const KVStream *s);
     /* On AVX-512 VNNI (avx512vnni) some schemes score with the queries
      * rounded to 8-bit integers (vpdpbusd; lm3's to 14-bit words,
-     * vpdpwssd), and q8, q4, q4h, tbq4 and polar4 do the same on AVX2
-     * (avx2, vpmaddubsw) and on aarch64's dotprod (sdot), with the same
-     * integers. score_err bounds what that adds beyond float rounding, as
-     * a share of ‖q‖·‖k‖; score_int is the same integer arithmetic in
-     * plain C, which the kernel matches bit for bit (returns -1 where a
-     * stream or query does not take that path: other head dims, non-finite
-     * queries, 3- and 2-bit codes at any level but avx512vnni on a CPU with
-     * VBMI). 0 / NULL for float schemes. */
+     * vpdpwssd), and q8, q4, q4h, tbq4, tbq2 and polar4 do the same on
+     * AVX2 (avx2, vpmaddubsw; KIVI too, its scaled queries rounded to
+     * 16-bit words, vpmaddwd) and q8, q4, q4h, tbq4 and polar4 on
+     * aarch64's dotprod (sdot), with the same integers. score_err bounds
+     * what that adds beyond float rounding, as a share of ‖q‖·‖k‖;
+     * score_int is the same integer arithmetic in plain C, which the
+     * kernel matches bit for bit wherever a level runs it (returns -1
+     * where a stream or query cannot take that path: other head dims,
+     * non-finite queries). 0 / NULL for float schemes. */
     float score_err;
     int (*score_int)(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
     /* Likewise for accum: on avx512vnni q8, tbq, polar4 and lm3, and on
-     * avx2 q8, tbq4 and polar4, round the weights p_t · scale to 16-bit
+     * avx2 q8, tbq4, tbq2 and polar4, round the weights p_t · scale to 16-bit
      * integers per span of positions (vpdpwssd, kv/pairs16.h; vpmaddwd on
      * AVX2); accum_err bounds what that adds, as a
      * share of Σ_t |p_t · v_t[j]|, and the tests hold the kernel to the

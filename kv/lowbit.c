@@ -2,9 +2,9 @@
  * score and accumulate kernels of the packed low-bit KV schemes (layouts in
  * lowbit.h), with integer (AVX-512 VNNI) ones for d = 128 in one block at
  * the end (tbq, polar4, lm3): 4-bit codes on VNNI, 3- and 2-bit codes
- * where the CPU also has VBMI. AVX2 scores and sums 4-bit codes in
- * integers too (tbq4, polar4). aarch64 has NEON decoding and, with dotprod, the
- * integer scores of 4-bit codes (the last block).
+ * where the CPU also has VBMI. AVX2 scores and sums 4- and 2-bit codes
+ * in integers too (tbq4, polar4, tbq2). aarch64 has NEON decoding and,
+ * with dotprod, the integer scores of 4-bit codes (the last block).
  * The plain C path is kv.c's reference over lb_dequant (the only one on
  * other CPUs).
  *
@@ -185,11 +185,11 @@ static int32_t i8_dot_ref(const uint8_t *cb8, int bits, const uint8_t *qs, const
     return a;
 }
 
-/* The integer paths read d = 128 in one block; 2 and 3 bits need VBMI to
- * unpack their codes in registers. */
+/* The integer paths read d = 128 in one block (which of them a CPU runs:
+ * int_codes, with the kernels below). */
 static int int_shape(const KVStream *s) {
     const LbFmt *f = s->aux;
-    return f->kind != LB_Q4_0 && f->nb == 1 && f->n == 128 && s->d == 128 && (f->kind == LB_IDX4 || kernels_has_vbmi());
+    return f->kind != LB_Q4_0 && f->nb == 1 && f->n == 128 && s->d == 128;
 }
 
 /* Byte scores: tbq (fp16 scale) and polar4 (fp32 scale, renorm over
@@ -565,20 +565,27 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
 #undef ACCUM
 }
 
-/* ---- AVX2 integer scores for 4-bit codes -----------------------------------
- * d = 128, tbq4 and polar4: lb_score_int_ref's arithmetic with 256-bit
+/* ---- AVX2 integer scores for 4- and 2-bit codes ---------------------------
+ * d = 128, tbq4, tbq2 and polar4: lb_score_int_ref's arithmetic with 256-bit
  * integers. vpshufb looks 32 codes up at once in the 16-byte codebook with
  * its bytes signed (cb8 - 128, so the sum needs no bias term), held in both
  * lanes. vpmaddubsw multiplies unsigned by signed bytes, so the query's
  * signs move onto the codebook bytes (vpsignb) and its magnitudes stay
  * unsigned: two products of at most 127 · 127 each fit its int16 pair sum,
  * which vpmaddwd widens to int32 before any further addition. Every sum is
- * exact, so the integer equals the twin's Σ cb8[idx]·q - bias. */
+ * exact, so the integer equals the twin's Σ cb8[idx]·q - bias.
+ * A position's codes come apart in four 32-byte chunks of code indices, and
+ * the query is laid out once per call in the same order (q8_prep_avx2):
+ *   4-bit: | even values 0-62 | odd 1-63 | even 64-126 | odd 65-127 |
+ *          (low and high nibbles of code bytes 0-31, then of 32-63)
+ *   2-bit: | values 4b | 4b + 1 | 4b + 2 | 4b + 3 |, b = 0..31
+ *          (bits 0-1, 2-3, 4-5, 6-7 of the 32 code bytes) */
 
-/* One head's query as this path reads it: magnitudes and signs apart. */
+/* One head's query as this path reads it, in its codes' chunk order:
+ * magnitudes and signs apart. */
 typedef struct {
-    uint8_t ae[64], ao[64]; /* |qe|, |qo| */
-    int8_t se[64], so[64];  /* qe, qo: their signs for vpsignb */
+    uint8_t a[128]; /* |q| */
+    int8_t sg[128]; /* q: its signs for vpsignb */
 } LbQ8Avx2;
 
 /* A block's stored scale bits: fp16 (tbq) or fp32 (polar4). */
@@ -592,14 +599,6 @@ static inline float rd32f(const uint8_t *p) {
     float g;
     memcpy(&g, p, 4);
     return g;
-}
-
-/* [sum(a), sum(b), sum(c), sum(d)] of 8 int32 lanes each. */
-AVX2_INLINE __m128i hsum4_256i(__m256i a, __m256i b, __m256i c, __m256i d) {
-    const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
-    const __m256i cd = _mm256_add_epi32(_mm256_unpacklo_epi32(c, d), _mm256_unpackhi_epi32(c, d));
-    const __m256i s = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
-    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 }
 
 /* q·cb over 32 byte pairs in 8 int32 lanes: |q| times cb with q's sign. */
@@ -622,41 +621,57 @@ AVX2_INLINE __m256i norm2_avx2(__m256i l0, __m256i h0, __m256i l1, __m256i h1, _
     return _mm256_add_epi64(_mm256_sad_epu8(lo, z), _mm256_slli_epi64(hi, 6));
 }
 
+/* One position's four chunks of signed codebook bytes (B = 4 or 2 bits),
+ * and for polar4 (RN) its Σ sq14[idx]. */
+AVX2_INLINE void chunks_i8(const int B, const int RN, const uint8_t *qs, __m256i tbl, __m256i sql, __m256i sqh,
+                           __m256i x[4], __m256i *nrm) {
+    const __m256i v0 = _mm256_loadu_si256((const __m256i *)qs);
+    if (B == 2) {
+        const __m256i m3 = _mm256_set1_epi8(3);
+        /* a 16-bit shift moves the next byte's bits into the top of each
+         * byte, above the two the mask keeps */
+        for (int k = 0; k < 4; k++)
+            x[k] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v0, 2 * k), m3));
+        return;
+    }
+    const __m256i m4 = _mm256_set1_epi8(15), v1 = _mm256_loadu_si256((const __m256i *)(qs + 32));
+    const __m256i l0 = _mm256_and_si256(v0, m4), h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+                  l1 = _mm256_and_si256(v1, m4), h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
+    x[0] = _mm256_shuffle_epi8(tbl, l0);
+    x[1] = _mm256_shuffle_epi8(tbl, h0);
+    x[2] = _mm256_shuffle_epi8(tbl, l1);
+    x[3] = _mm256_shuffle_epi8(tbl, h1);
+    if (RN) *nrm = norm2_avx2(l0, h0, l1, h1, sql, sqh);
+}
+
 /* Positions [t0, t1) for NQ <= 4 prepared queries, four at a time: one
  * hsum tree per head for the four, then lb_score_int_ref's float steps in
  * its order. RN: polar4's γ / ‖cb[idx]‖ with the integer norms. */
-AVX2_INLINE void score_i8_avx2_body(const LbFmt *f, const int NQ, const int RN, const uint8_t *data,
+AVX2_INLINE void score_i8_avx2_body(const LbFmt *f, const int B, const int NQ, const int RN, const uint8_t *data,
                                     const LbQ8Avx2 *o, const float *inv, int t0, int t1, float *out, int ldo) {
     int8_t cbs[16];
     for (int i = 0; i < 16; i++) cbs[i] = (int8_t)(f->cb8[i] - 128);
     const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)cbs)),
                   sql = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->sq_lo)),
-                  sqh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->sq_hi)),
-                  m4 = _mm256_set1_epi8(15);
+                  sqh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->sq_hi));
     const size_t vb = (size_t)f->vec_bytes;
     for (int t = t0; t < t1; t += 4) {
         const int R = t1 - t < 4 ? t1 - t : 4;
         __m256i acc[4][4], nrm[4];
         lb_prefetch(data, f->vec_bytes, t + LB_AHEAD, 4);
         for (int r = 0; r < 4; r++) {
+            nrm[r] = _mm256_set1_epi64x(1); /* any nonzero norm: a lane past R is not stored */
             if (r >= R) {
                 for (int i = 0; i < NQ; i++) acc[r][i] = _mm256_setzero_si256();
-                nrm[r] = _mm256_set1_epi64x(1); /* any nonzero norm: the lane is not stored */
                 continue;
             }
-            const uint8_t *blk = data + (size_t)(t + r) * vb;
-            /* bytes 0-31 hold values 0-63, 32-63 values 64-127; low nibble = even value */
-            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(blk + f->hdr)),
-                          v1 = _mm256_loadu_si256((const __m256i *)(blk + f->hdr + 32));
-            const __m256i l0 = _mm256_and_si256(v0, m4), h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
-                          l1 = _mm256_and_si256(v1, m4), h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
-            const __m256i e0 = _mm256_shuffle_epi8(tbl, l0), d0 = _mm256_shuffle_epi8(tbl, h0),
-                          e1 = _mm256_shuffle_epi8(tbl, l1), d1 = _mm256_shuffle_epi8(tbl, h1);
+            __m256i x[4];
+            chunks_i8(B, RN, data + (size_t)(t + r) * vb + f->hdr, tbl, sql, sqh, x, &nrm[r]);
             for (int i = 0; i < NQ; i++)
                 acc[r][i] = _mm256_add_epi32(
-                    _mm256_add_epi32(dot32_i8(e0, o[i].ae, o[i].se), dot32_i8(d0, o[i].ao, o[i].so)),
-                    _mm256_add_epi32(dot32_i8(e1, o[i].ae + 32, o[i].se + 32), dot32_i8(d1, o[i].ao + 32, o[i].so + 32)));
-            if (RN) nrm[r] = norm2_avx2(l0, h0, l1, h1, sql, sqh);
+                    _mm256_add_epi32(dot32_i8(x[0], o[i].a, o[i].sg), dot32_i8(x[1], o[i].a + 32, o[i].sg + 32)),
+                    _mm256_add_epi32(dot32_i8(x[2], o[i].a + 64, o[i].sg + 64),
+                                     dot32_i8(x[3], o[i].a + 96, o[i].sg + 96)));
         }
         /* the four scales loaded straight into lanes (positions past R
          * read position t: not stored), not through a float array, whose
@@ -668,12 +683,12 @@ AVX2_INLINE void score_i8_avx2_body(const LbFmt *f, const int NQ, const int RN, 
                                 : _mm_setr_ps(rd32f(b0), rd32f(b1), rd32f(b2), rd32f(b3));
         if (RN) {
             /* each norm sits in dword lanes 0, 2, 4, 6; the rest are zero */
-            const __m128 n2 = _mm_cvtepi32_ps(hsum4_256i(nrm[0], nrm[1], nrm[2], nrm[3]));
+            const __m128 n2 = _mm_cvtepi32_ps(hsum4_i32_avx2(nrm[0], nrm[1], nrm[2], nrm[3]));
             sv = _mm_div_ps(sv, _mm_sqrt_ps(_mm_mul_ps(n2, _mm_set1_ps(f->sq_d))));
         }
         for (int i = 0; i < NQ; i++) {
             float s4[4];
-            const __m128 dot = _mm_cvtepi32_ps(hsum4_256i(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
+            const __m128 dot = _mm_cvtepi32_ps(hsum4_i32_avx2(acc[0][i], acc[1][i], acc[2][i], acc[3][i]));
             _mm_storeu_ps(s4, _mm_mul_ps(_mm_mul_ps(dot, sv), _mm_set1_ps(inv[i])));
             for (int r = 0; r < R; r++) out[(size_t)i * ldo + (t - t0) + r] = s4[r];
         }
@@ -681,24 +696,22 @@ AVX2_INLINE void score_i8_avx2_body(const LbFmt *f, const int NQ, const int RN, 
 }
 
 /* q_scale and q8_prep_ref in 8 lanes (max is exact, vcvtps2dq rounds as
- * lrintf does): the same bytes, split into even and odd values; -1 for a
- * non-finite query. */
-AVX2_INLINE int q8_prep_avx2(const float *q, float cb8_s, LbQ8Avx2 *o, float *inv) {
+ * lrintf does): the same bytes, in the chunk order of B-bit codes (above);
+ * -1 for a non-finite query. */
+AVX2_INLINE int q8_prep_avx2(const int B, const float *q, float cb8_s, LbQ8Avx2 *o, float *inv) {
     float mx;
     if (absmax_avx2(q, 128, &mx)) return -1;
     const float s = mx > 127.0f / FLT_MAX ? 127.0f / mx : 0;
-    /* per 128-bit lane even bytes to its low half, odd to its high half */
-    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
-                                           14, 1, 3, 5, 7, 9, 11, 13, 15);
-    __m256i sum = _mm256_setzero_si256();
-    for (int k = 0; k < 4; k++) {
-        const __m256i b = _mm256_permute4x64_epi64(
-            _mm256_shuffle_epi8(round32_avx2(q + 32 * k, _mm256_set1_ps(s), &sum), split), 0xd8); /* 0 2 1 3 */
-        const __m128i e = _mm256_castsi256_si128(b), d = _mm256_extracti128_si256(b, 1);
-        _mm_storeu_si128((__m128i *)(o->se + 16 * k), e);
-        _mm_storeu_si128((__m128i *)(o->so + 16 * k), d);
-        _mm_storeu_si128((__m128i *)(o->ae + 16 * k), _mm_abs_epi8(e));
-        _mm_storeu_si128((__m128i *)(o->ao + 16 * k), _mm_abs_epi8(d));
+    __m256i sum = _mm256_setzero_si256(), v[4];
+    for (int k = 0; k < 4; k++) v[k] = round32_avx2(q + 32 * k, _mm256_set1_ps(s), &sum);
+    if (B == 4) {
+        split2_avx2(v);
+        split2_avx2(v + 2);
+    } else
+        split4_avx2(v);
+    for (int c = 0; c < 4; c++) {
+        _mm256_storeu_si256((__m256i *)(o->sg + 32 * c), v[c]);
+        _mm256_storeu_si256((__m256i *)(o->a + 32 * c), _mm256_abs_epi8(v[c]));
     }
     *inv = s > 0 ? 1.0f / (s * cb8_s) : 0;
     return 0;
@@ -709,11 +722,13 @@ AVX2 static int score_i8_avx2(const LbFmt *f, const uint8_t *data, const float *
                               float *out, int ldo) {
     LbQ8Avx2 o[4];
     float inv[4];
+    const int b4 = f->kind == LB_IDX4;
     for (int i = 0; i < nq; i++)
-        if (q8_prep_avx2(q + (size_t)i * 128, f->cb8_s, &o[i], &inv[i])) return -1;
+        if (q8_prep_avx2(b4 ? 4 : 2, q + (size_t)i * 128, f->cb8_s, &o[i], &inv[i])) return -1;
 #define SCORE_I8(NQ)                                                                                                \
-    f->renorm ? score_i8_avx2_body(f, NQ, 1, data, o, inv, t0, t1, out, ldo)                                        \
-              : score_i8_avx2_body(f, NQ, 0, data, o, inv, t0, t1, out, ldo)
+    !b4 ? score_i8_avx2_body(f, 2, NQ, 0, data, o, inv, t0, t1, out, ldo)                                           \
+    : f->renorm ? score_i8_avx2_body(f, 4, NQ, 1, data, o, inv, t0, t1, out, ldo)                                   \
+                : score_i8_avx2_body(f, 4, NQ, 0, data, o, inv, t0, t1, out, ldo)
     switch (nq) {
     case 1: SCORE_I8(1); break;
     case 2: SCORE_I8(2); break;
@@ -724,52 +739,56 @@ AVX2 static int score_i8_avx2(const LbFmt *f, const uint8_t *data, const float *
     return 0;
 }
 
-/* ---- AVX2 integer sums for 4-bit codes --------------------------------------
- * d = 128, tbq4 and polar4: pairs16.h's arithmetic in 256-bit registers.
- * Per span of up to P16_SPAN positions and per head, the weights p_t ·
- * scale_t · cb16_d are rounded to int16 at 32767 / max|w|, and vpmaddwd
- * adds x_t[j]·w_t + x_u[j]·w_u over a pair of positions (t, u) into lane
- * j's int32 sum, x the 10-bit codebook cb16 (1023 · 32767 · P16_SPAN stays
- * below 2^31). A pair decodes as: code bytes of t and u interleaved
- * (vpunpck*bw), nibbles apart, each looked up twice by vpshufb (cb16's low
- * and high bytes), the two results interleaved again: word pairs
- * (x_t[j], x_u[j]), one value per dword lane. The span's sums go to floats
- * once, times max|w| / 32767; what the rounding adds is accum_err, as on
- * AVX-512 VNNI, whose sums these are not bit for bit (other spans' float
- * additions).
+/* ---- AVX2 integer sums for 4- and 2-bit codes -----------------------------
+ * d = 128, tbq4, tbq2 and polar4: pairs16.h's arithmetic in 256-bit
+ * registers. Per span of up to P16_SPAN positions and per head, the weights
+ * p_t · scale_t · cb16_d are rounded to int16 at 32767 / max|w|, and
+ * vpmaddwd adds x_t[j]·w_t + x_u[j]·w_u over a pair of positions (t, u)
+ * into lane j's int32 sum, x the 10-bit codebook cb16 (1023 · 32767 ·
+ * P16_SPAN stays below 2^31). A pair decodes as: code bytes of t and u
+ * interleaved (vpunpck*bw), codes apart (nibbles, or 2-bit fields), each
+ * looked up twice by vpshufb (cb16's low and high bytes), the two results
+ * interleaved again: word pairs (x_t[j], x_u[j]), one value per dword lane.
+ * The span's sums go to floats once, times max|w| / 32767; what the
+ * rounding adds is accum_err, as on AVX-512 VNNI, whose sums these are not
+ * bit for bit (other spans' float additions).
  *
- *   quarter c = 2h + e: code bytes 32h + b, b in {0-7, 16-23} (e = 0) or
- *   {8-15, 24-31} (e = 1), in 4 sum vectors (low and high nibbles, each
- *   in two unpack halves): lb_sum_value says which value a lane holds */
+ *   4-bit, quarter c = 2h + e: code bytes 32h + b, b in {0-7, 16-23}
+ *   (e = 0) or {8-15, 24-31} (e = 1), low and high nibbles;
+ *   2-bit, quarter c = 2e + k': code bytes b as above, fields 2k' and
+ *   2k' + 1;
+ *   each in 4 sum vectors (2 codes, each in two unpack halves):
+ *   lb_sum_value says which value a lane holds */
 
-/* Value of lane l of sum vector k (k = 4c + 2n + m: quarter c, nibble n
- * (0 low, 1 high), unpack half m): the code byte b, value 2b + n. */
-static int lb_sum_value(int k, int l) {
-    const int c = k / 4, n = k / 2 % 2, m = k % 2, h = c / 2, e = c % 2;
-    const int b = 32 * h + 8 * e + (l < 4 ? 4 * m + l : 16 + 4 * m + l - 4);
-    return 2 * b + n;
+/* Value of lane l of sum vector k (k = 4c + 2n + m: quarter c, code n of
+ * the quarter's two, unpack half m) for B-bit codes. */
+static int lb_sum_value(int B, int k, int l) {
+    const int c = k / 4, n = k / 2 % 2, m = k % 2, e = B == 4 ? c % 2 : c / 2;
+    const int b = 8 * e + (l < 4 ? 4 * m + l : 16 + 4 * m + l - 4);
+    return B == 4 ? 2 * (32 * (c / 2) + b) + n : 4 * b + 2 * (c % 2) + n;
 }
 
 /* One span for NQ <= 2 heads (weights wq[i][0..np)), quarter by quarter,
  * adding the span's sums as floats into S[i][k][l] (sum vector k, lane l). */
-AVX2_INLINE void lb_span16_avx2(const uint8_t *data, int vb, int hdr, const int NQ, int t0, int n,
+AVX2_INLINE void lb_span16_avx2(const int B, const uint8_t *data, int vb, int hdr, const int NQ, int t0, int n,
                                 const int16_t (*wq)[P16_SPAN], const float *inv, __m256i tlo, __m256i thi,
                                 float (*S)[16][8]) {
-    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i mask = _mm256_set1_epi8(B == 4 ? 15 : 3);
     const int np = (n + 1) & ~1;
     for (int c = 0; c < 4; c++) {
-        const int h = c / 2, e = c % 2;
+        const int off = B == 4 ? 32 * (c / 2) : 0, e = B == 4 ? c % 2 : c / 2, sh = B == 4 ? 0 : 4 * (c % 2);
         __m256i a[2][4];
         for (int i = 0; i < NQ; i++)
             for (int k = 0; k < 4; k++) a[i][k] = _mm256_setzero_si256();
         for (int t = 0; t < np; t += 2) {
-            const uint8_t *qt = data + (size_t)(t0 + t) * (size_t)vb + hdr + 32 * h;
+            const uint8_t *qt = data + (size_t)(t0 + t) * (size_t)vb + hdr + off;
             /* an odd span's last pair repeats t, whose weight pads to 0 */
             const uint8_t *qu = t + 1 < n ? qt + vb : qt;
             if (c == 0) lb_prefetch(data, vb, t0 + t + LB_AHEAD, 2);
             const __m256i ct = _mm256_loadu_si256((const __m256i *)qt), cu = _mm256_loadu_si256((const __m256i *)qu);
             const __m256i pr = e ? _mm256_unpackhi_epi8(ct, cu) : _mm256_unpacklo_epi8(ct, cu);
-            const __m256i il = _mm256_and_si256(pr, m4), ih = _mm256_and_si256(_mm256_srli_epi16(pr, 4), m4);
+            const __m256i il = _mm256_and_si256(_mm256_srli_epi16(pr, sh), mask),
+                          ih = _mm256_and_si256(_mm256_srli_epi16(pr, sh + B), mask);
             const __m256i ll = _mm256_shuffle_epi8(tlo, il), lh = _mm256_shuffle_epi8(thi, il),
                           hl = _mm256_shuffle_epi8(tlo, ih), hh = _mm256_shuffle_epi8(thi, ih);
             const __m256i x[4] = {_mm256_unpacklo_epi8(ll, lh), _mm256_unpackhi_epi8(ll, lh),
@@ -832,13 +851,17 @@ AVX2 static int accum_i16_avx2(const KVStream *s, const float *p, int ldp, int n
                 for (int t = 0; t < P16_SPAN; t++) wf[0][t] = t < n ? pi[t] * sc[t] : 0;
                 if (p16_round_avx2((const float (*)[P16_SPAN])wf, 1, np, &wq[i], &inv[i])) return -1;
             }
-            if (NH == 2) lb_span16_avx2(s->data, f->vec_bytes, f->hdr, 2, ta, n, wq, inv, tlo, thi, S + i0);
-            else lb_span16_avx2(s->data, f->vec_bytes, f->hdr, 1, ta, n, wq, inv, tlo, thi, S + i0);
+            if (f->kind == LB_IDX2)
+                NH == 2 ? lb_span16_avx2(2, s->data, f->vec_bytes, f->hdr, 2, ta, n, wq, inv, tlo, thi, S + i0)
+                        : lb_span16_avx2(2, s->data, f->vec_bytes, f->hdr, 1, ta, n, wq, inv, tlo, thi, S + i0);
+            else
+                NH == 2 ? lb_span16_avx2(4, s->data, f->vec_bytes, f->hdr, 2, ta, n, wq, inv, tlo, thi, S + i0)
+                        : lb_span16_avx2(4, s->data, f->vec_bytes, f->hdr, 1, ta, n, wq, inv, tlo, thi, S + i0);
         }
     }
     for (int i = 0; i < nq; i++)
         for (int k = 0; k < 16; k++)
-            for (int l = 0; l < 8; l++) acc[(size_t)i * 128 + lb_sum_value(k, l)] += S[i][k][l];
+            for (int l = 0; l < 8; l++) acc[(size_t)i * 128 + lb_sum_value(f->kind, k, l)] += S[i][k][l];
     return 0;
 }
 
@@ -1554,6 +1577,14 @@ static int i16_path(const KVStream *s) {
     return int_shape(s) && (!f->renorm || f->kind == LB_IDX4);
 }
 
+/* Whether the running level unpacks f's codes for its integer kernels:
+ * AVX-512 VNNI 4-bit codes, and 3- and 2-bit ones where the CPU has VBMI
+ * (some VNNI CPUs lack it); AVX2 4- and 2-bit codes (shifts and masks). */
+static int int_codes(const LbFmt *f) {
+    if (kernels_level() >= 3) return f->kind == LB_IDX4 || kernels_has_vbmi();
+    return kernels_level() == 1 && (f->kind == LB_IDX4 || f->kind == LB_IDX2);
+}
+
 /* Heads go in groups of at most 4 (5 -> 3 + 2, 8 -> 4 + 4), or 2 where the
  * float AVX-512 path would give up to two heads score16_one, whose sums run
  * in another order than score16_pos's: so a head's scores never depend on
@@ -1572,17 +1603,17 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
         int m = (nq - i0 + left - 1) / left;
         const float *qi = q + (size_t)i0 * s->d;
         float *oi = out + (size_t)i0 * ldo;
-        if (kernels_level() >= 3 && i8_path(s) &&
+        if (kernels_level() >= 3 && i8_path(s) && int_codes(f) &&
             !(f->kind == LB_IDX4 ? score_i8(f, s->data, qi, m, t0, t1, oi, ldo)
                                  : score_vb(f, s->data, qi, m, t0, t1, oi, ldo))) {
             i0 += m;
             continue;
         }
-        if (kernels_level() == 1 && i8_path(s) && f->kind == LB_IDX4 && !score_i8_avx2(f, s->data, qi, m, t0, t1, oi, ldo)) {
+        if (kernels_level() == 1 && i8_path(s) && int_codes(f) && !score_i8_avx2(f, s->data, qi, m, t0, t1, oi, ldo)) {
             i0 += m;
             continue;
         }
-        if (kernels_level() >= 3 && w16_path(s) && !score_w16(f, s->data, qi, m, t0, t1, oi, ldo)) {
+        if (kernels_level() >= 3 && w16_path(s) && int_codes(f) && !score_w16(f, s->data, qi, m, t0, t1, oi, ldo)) {
             i0 += m;
             continue;
         }
@@ -1594,9 +1625,9 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
 
 void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const LbFmt *f = s->aux;
-    if (kernels_level() == 1 && i16_path(s) && f->kind == LB_IDX4 && !accum_i16_avx2(s, p, ldp, nq, t0, t1, acc))
+    if (kernels_level() == 1 && i16_path(s) && int_codes(f) && !accum_i16_avx2(s, p, ldp, nq, t0, t1, acc))
         return;
-    if (kernels_level() >= 3 && i16_path(s) &&
+    if (kernels_level() >= 3 && i16_path(s) && int_codes(f) &&
         !(f->kind == LB_IDX4 ? accum_i16(s, p, ldp, nq, t0, t1, acc) : accum_vb(s, p, ldp, nq, t0, t1, acc)))
         return;
     const int wide = kernels_level() > 1 && f->kind == LB_IDX4;

@@ -306,14 +306,9 @@ static void check_integer_level(const char *il) {
         KVStream s;
         if (!sc->score_int || !open_stream(&s, sc, d, n)) continue;
         cr_expect(sc->score_err > 0, "%s: score_int without score_err", sc->name);
-        /* 3- and 2-bit codes unpack with VBMI, which some VNNI CPUs lack
-         * and aarch64 has no counterpart of here: their twins refuse too */
+        /* each level has integer kernels for some of the twins' schemes
+         * only (3-bit codes unpack with VBMI, which some VNNI CPUs lack) */
         if (!int_path(&s)) {
-            float o, u[128] = {1};
-            kv_stream_append(&s, u);
-            /* avx2 has integer kernels for some of the twins' schemes only */
-            if (strcmp(il, "avx2"))
-                cr_expect_eq(sc->score_int(&s, u, 1, 0, 1, &o, 1), -1, "%s: integer scores without VBMI", sc->name);
             kv_stream_free(&s);
             continue;
         }
@@ -342,7 +337,11 @@ static void check_integer_level(const char *il) {
                 for (int tail = 0; tail < 4; tail++) {
                     const int t1 = n - 2 - tail;
                     kv_score(&s, qd, m, 5, t1, a, n);
-                    cr_assert_eq(sc->score_int(&s, qd, m, 5, t1, b, n), 0, "%s: d=128 has integer scores", sc->name);
+                    const int rc = sc->score_int(&s, qd, m, 5, t1, b, n);
+                    /* KIVI's q·s and q·z overflow for a value at FLT_MAX's
+                     * scale: its twin refuses and the float path takes it */
+                    if (rc && pass == 2 && !strncmp(sc->name, "kivi", 4)) continue;
+                    cr_assert_eq(rc, 0, "%s pass %d: d=128 has integer scores", sc->name, pass);
                     kv_score_ref(&s, qd, m, 5, t1, r, n);
                     for (int i = 0; i < m; i++)
                         for (int t = 0; t < t1 - 5; t++) {

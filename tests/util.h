@@ -43,22 +43,42 @@ static inline const char *float_level(void) {
 }
 
 /* Whether s scores in integers at the level running (KVStream.score_err
- * applies, and accum_err on x86-64): at avx512vnni every scheme with a score_int twin but
- * the 3- and 2-bit ones without VBMI (kv/lowbit.c); at dotprod and avx2
- * q8, q4, q4h, tbq4 and polar4, at head dim 128 only; nowhere else. */
+ * applies, and accum_err on x86-64): at avx512vnni every scheme with a
+ * score_int twin but the 3- and 2-bit ones without VBMI (kv/lowbit.c) and
+ * KIVI; at dotprod q8, q4, q4h, tbq4 and polar4, at avx2 those, tbq2 and
+ * KIVI; at head dim 128 only, nowhere else. */
 static inline int int_path(const KVStream *s) {
     const char *n = s->scheme->name;
-    if (!strcmp(kernels_isa(), "dotprod") || !strcmp(kernels_isa(), "avx2"))
+    const int avx2 = !strcmp(kernels_isa(), "avx2"), kivi = !strncmp(n, "kivi", 4);
+    if (!strcmp(kernels_isa(), "dotprod") || avx2)
         return s->d == 128 && (!strcmp(n, "q8") || !strcmp(n, "q4") || !strcmp(n, "q4h") || !strcmp(n, "tbq4") ||
-                               !strcmp(n, "polar4"));
-    if (strcmp(kernels_isa(), "avx512vnni")) return 0;
+                               !strcmp(n, "polar4") || (avx2 && (!strcmp(n, "tbq2") || kivi)));
+    if (strcmp(kernels_isa(), "avx512vnni") || kivi || s->d != 128) return 0;
     return kernels_has_vbmi() || (strcmp(n, "tbq3") && strcmp(n, "tbq2") && strcmp(n, "lm3"));
 }
 
+/* Whether kv_score on s takes an integer path (q8's and KIVI's score K
+ * streams only). */
+static inline int int_scores(const KVStream *s) {
+    const char *n = s->scheme->name;
+    return s->scheme->score_err && int_path(s) && (s->role == 0 || (strcmp(n, "q8") && strncmp(n, "kivi", 4)));
+}
+
+/* Whether kv_accum on s sums in integers: avx512vnni, and avx2 for q8,
+ * tbq4, tbq2 and polar4; aarch64 sums in floats; q8's integer sums take V
+ * streams only. */
+static inline int int_sums(const KVStream *s) {
+    const char *n = s->scheme->name;
+    const int avx2 = !strcmp(kernels_isa(), "avx2") &&
+                     (!strcmp(n, "q8") || !strcmp(n, "tbq4") || !strcmp(n, "tbq2") || !strcmp(n, "polar4"));
+    return s->scheme->accum_err && int_path(s) && (!strcmp(kernels_isa(), "avx512vnni") || avx2) &&
+           (strcmp(n, "q8") || s->role == 1);
+}
+
 /* What an integer score path may add to float rounding: score_err times
- * ‖q‖·‖k_t‖ at the level that has one (q8's take K streams only). */
+ * ‖q‖·‖k_t‖ at the level that has one. */
 static inline float int_err(const KVStream *s, const float *q, int t) {
-    if (!s->scheme->score_err || !int_path(s) || (!strcmp(s->scheme->name, "q8") && s->role != 0)) return 0;
+    if (!int_scores(s)) return 0;
     float y[KV_MAX_DIM];
     double qq = 0, kk = 0;
     s->scheme->dequant(s, t, y);
@@ -69,13 +89,7 @@ static inline float int_err(const KVStream *s, const float *q, int t) {
 /* What an integer accumulate path may add to float rounding: accum_err
  * times Σ_t |p_t · v_t[j]| over [t0, t1), at the level that has one. */
 static inline float int_accum_err(const KVStream *s, const float *p, int t0, int t1, int j) {
-    /* avx512vnni sums in integers, avx2 for q8, tbq4 and polar4; aarch64
-     * in floats; q8's integer sums take V streams only */
-    const char *n = s->scheme->name;
-    const int avx2 = !strcmp(kernels_isa(), "avx2") && (!strcmp(n, "q8") || !strcmp(n, "tbq4") || !strcmp(n, "polar4"));
-    if (!s->scheme->accum_err || !int_path(s) || (strcmp(kernels_isa(), "avx512vnni") && !avx2) ||
-        (!strcmp(n, "q8") && s->role != 1))
-        return 0;
+    if (!int_sums(s)) return 0;
     float y[KV_MAX_DIM];
     double mag = 0;
     for (int t = t0; t < t1; t++) {
