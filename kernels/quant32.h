@@ -1,6 +1,8 @@
 /* quant32.h: q8_0 rounding of 32 floats for integer dot products, shared
  * by the drafter's DT_Q8I matmul (activations) and q8's KV scores
- * (queries): one definition, so both round alike.
+ * (queries): one definition, so both round alike. With AVX2 also the
+ * helpers of kv/'s integer scores: the max-abs check, int32 lane sums and
+ * the byte orders that vpshufb-decoded 4- and 2-bit codes come in.
  *
  *   d = max|x| / 127 (returned), q[j] = x[j] · (1 / d) rounded to nearest
  *   even (all 0 when 1 / d is not finite: d = 0, or d so small that

@@ -94,7 +94,8 @@ typedef struct KVScheme {
      * score_int is the same integer arithmetic in plain C, which the
      * kernel matches bit for bit wherever a level runs it (returns -1
      * where a stream or query cannot take that path: other head dims,
-     * non-finite queries). 0 / NULL for float schemes. */
+     * non-finite queries; for KIVI V streams and a q·s or q·z that
+     * overflows). 0 / NULL for float schemes. */
     float score_err;
     int (*score_int)(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo);
     /* Likewise for accum: on avx512vnni q8, tbq, polar4 and lm3, and on

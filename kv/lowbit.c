@@ -861,7 +861,8 @@ AVX2 static int accum_i16_avx2(const KVStream *s, const float *p, int ldp, int n
     }
     for (int i = 0; i < nq; i++)
         for (int k = 0; k < 16; k++)
-            for (int l = 0; l < 8; l++) acc[(size_t)i * 128 + lb_sum_value(f->kind, k, l)] += S[i][k][l];
+            for (int l = 0; l < 8; l++)
+                acc[(size_t)i * 128 + lb_sum_value(f->kind == LB_IDX2 ? 2 : 4, k, l)] += S[i][k][l];
     return 0;
 }
 
