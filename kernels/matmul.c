@@ -18,11 +18,12 @@
  * DT_Q8I; Intel's pseudo-code of vdpbf16ps for DT_BF16D (bf16_dot2).
  *
  * bf16 weights in memory of the loader's own are relaid at load into 32-row
- * panels (DT_BF16P, weight_to_panels) when the AVX-512 path runs: there
- * lanes are rows, one fma chain per output over the columns in order (see
- * panel512 below); with -act bf16 into 16-row panels of column pairs for
- * vdpbf16ps instead (DT_BF16D, weight_to_dpanels, dpanel512). Everything
- * else (f16, f32, q8, bf16 read from the file mapping or on AVX2) is
+ * panels (DT_BF16P, weight_to_panels) where a SIMD path runs (AVX-512,
+ * AVX2, NEON): there lanes are rows, one fma chain per output over the
+ * columns in order (panel512, half256, quarter_neon below), the
+ * reference's bits on each; with -act bf16 into 16-row panels of column
+ * pairs for vdpbf16ps instead (DT_BF16D, weight_to_dpanels, dpanel512).
+ * Everything else (f16, f32, q8, bf16 read from the file mapping) is
  * row-major and takes the tiles described next.
  *
  * Row-major fast paths tile R output rows x T tokens: each weight vector
@@ -41,8 +42,8 @@
  * into two bf16 halves they take two of them per 32 products, as many as
  * the FMAs.
  *
- * aarch64 runs the AVX2 path's tiles in NEON (below); other CPUs run
- * matmul_ref (and kernels_isa() is "ref" there).
+ * aarch64 runs the AVX2 path's row-major tiles and the panels in NEON
+ * (below); other CPUs run matmul_ref (and kernels_isa() is "ref" there).
  */
 #include "kernels/matmul.h"
 #include "kernels/quant32.h"
@@ -207,11 +208,18 @@ int kernels_set_isa(const char *name) {
 #if defined(__x86_64__)
 int matmul_has_q8i(void) { return isa() == ISA_VNNI; }
 
-int matmul_has_panels(void) { return isa() >= ISA_AVX512; }
+int matmul_has_panels(void) { return isa() >= ISA_AVX2; }
 
 int matmul_has_dpanels(void) { return isa() >= ISA_AVX512 && cpu_has_bf16(); }
+#elif defined(__aarch64__)
+/* DT_Q8I's and DT_BF16D's kernels are AVX-512 ones */
+int matmul_has_q8i(void) { return 0; }
+
+int matmul_has_panels(void) { return isa() >= ISA_NEON; }
+
+int matmul_has_dpanels(void) { return 0; }
 #else
-/* the relaid layouts' kernels are AVX-512 ones */
+/* the relaid layouts' kernels are x86 and NEON ones */
 int matmul_has_q8i(void) { return 0; }
 
 int matmul_has_panels(void) { return 0; }
@@ -1270,6 +1278,144 @@ __attribute__((target("avx2,fma,f16c"))) static void matmul256(float *y, const f
     }
 }
 
+/* ---- DT_BF16P on AVX2: lanes are rows, as panel512 ----
+ *
+ * Column k of a 32-row panel is 64 bytes; its first 32 are 8 lanes of
+ * |row l|row l+16| pairs (l = 0..7), its last 32 the same for l = 8..15.
+ * So one half (32 bytes, 16 rows) widens to lo = lane << 16 (8 rows) and
+ * hi = lane & 0xffff0000 (the 8 rows 16 further), and x[i][k] broadcast
+ * once feeds both: no horizontal sums, no widened copy of the weights, and
+ * every y[i][o] is the fma chain over k in order that matmul_ref runs for
+ * DT_BF16P, so the bits are the reference's (and the AVX-512 path's) for
+ * any batch. A tile is U halves x T tokens, 2 U T sums; with the two
+ * widened halves and the broadcasts (which the compiler keeps for all U
+ * halves) at most 16 registers: 4 x 1 (one token: both panels of a
+ * chunk), 2 x 2, and 1 x T up to 6, which does 12 FMAs per 32-byte load
+ * and two widenings. (2 x 3 would need 17 and spills a sum.) */
+#define HALF_T 6
+
+/* Halves [h0, h0 + U) of w (half h: panel h / 2, bytes 32 (h % 2) of each
+ * column's 64) x tokens [i, i + T), all columns; x in blocks as for
+ * panel512 (xb, bs). pf and sh: the prefetch stream of panel512, one line
+ * a step per panel, panel h / 2 at ((h / 2 - h0 / 2) * in + k) * 64 >> sh. */
+AVX2 void half256(float *y, const float *xb, size_t bs, const Weight *w, int h0, const int U, int i, const int T,
+                  const char *pf, int sh) {
+    const int in = w->cols, out = w->rows;
+    const uint16_t *wd = (const uint16_t *)w->data;
+    const __m256i keep_hi = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 acc[4][2][HALF_T];
+    for (int u = 0; u < U; u++)
+        for (int t = 0; t < T; t++) acc[u][0][t] = acc[u][1][t] = _mm256_setzero_ps();
+    for (int k0 = 0; k0 < in; k0 += PANEL_K) {
+        const float *xk = xb + (size_t)(k0 / PANEL_K) * bs;
+        const int kn = in - k0 < PANEL_K ? in - k0 : PANEL_K;
+#pragma GCC unroll 4
+        for (int kk = 0; kk < kn; kk++) {
+            const size_t k = (size_t)k0 + kk;
+            for (int u = 0; u < U; u++) {
+                const int h = h0 + u;
+                if (u == 0 || h % 2 == 0)
+                    _mm_prefetch(pf + ((((size_t)(h / 2 - h0 / 2) * in + k) * 64) >> sh), _MM_HINT_T1);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(wd + ((size_t)(h / 2) * in + k) * 32 + h % 2 * 16));
+                const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
+                             hi = _mm256_castsi256_ps(_mm256_and_si256(v, keep_hi));
+                for (int t = 0; t < T; t++) {
+                    const __m256 xv = _mm256_broadcast_ss(xk + t * PANEL_K + kk);
+                    acc[u][0][t] = _mm256_fmadd_ps(lo, xv, acc[u][0][t]);
+                    acc[u][1][t] = _mm256_fmadd_ps(hi, xv, acc[u][1][t]);
+                }
+            }
+        }
+    }
+    /* lo lanes are rows 32 (h / 2) + 8 (h % 2) + 0..7, hi lanes those + 16 */
+    for (int u = 0; u < U; u++)
+        for (int t = 0; t < T; t++) {
+            const int h = h0 + u;
+            float *yo = y + (size_t)(i + t) * out + (size_t)(h / 2) * 32 + h % 2 * 8;
+            _mm256_storeu_ps(yo, acc[u][0][t]);
+            _mm256_storeu_ps(yo + 16, acc[u][1][t]);
+        }
+}
+
+/* half256 with U and T as constants (the shapes above and their remainders). */
+AVX2 void half256_t(float *y, const float *xb, size_t bs, const Weight *w, int h0, int U, int i, int T, const char *pf,
+                    int sh) {
+#define HT(u, t) case (u) * 16 + (t): half256(y, xb, bs, w, h0, u, i, t, pf, sh); break;
+    switch (U * 16 + T) {
+        HT(1, 1) HT(1, 2) HT(1, 3) HT(1, 4) HT(1, 5) HT(1, 6) HT(2, 1) HT(2, 2) HT(4, 1)
+    default: break;
+    }
+#undef HT
+}
+
+/* One chunk, rows [o0, o1) (1 or 2 panels), for all n tokens (xb: x in
+ * blocks, unless n is 1). One token takes the chunk's halves side by side
+ * (8 sums, 8 fma chains in flight); 2 tokens a panel at a time; 3 to 6 a
+ * half at a time; past that each HALF_T-token tile takes the halves one
+ * by one, the chunk in L2 after the first, and the first tile of each
+ * PANEL_T block prefetches as chunk_pf plans (panels512). */
+AVX2 void panels256(float *y, const float *x, const float *xb, const Weight *w, int o0, int o1, int n) {
+    const int in = w->cols, nh = (o1 - o0) / 16, h0 = o0 / 16;
+    const size_t bs = PANEL_T * PANEL_K;
+    const char *wd = (const char *)w->data + (size_t)o0 * in * 2;
+    if (n == 1) {
+        half256_t(y, x, PANEL_K, w, h0, nh, 0, 1, wd + PANEL_PREFETCH, 0);
+        return;
+    }
+    if (n == 2) {
+        for (int h = 0; h < nh; h += 2)
+            half256_t(y, xb, bs, w, h0 + h, 2, 0, n, wd + (size_t)h / 2 * in * 64 + PANEL_PREFETCH, 0);
+        return;
+    }
+    if (n <= HALF_T) {
+        for (int h = 0; h < nh; h++)
+            half256_t(y, xb, bs, w, h0 + h, 1, 0, n, wd + (size_t)h / 2 * in * 64 + PANEL_PREFETCH, 0);
+        return;
+    }
+    const ChunkPf c = chunk_pf(w, o0, o1, n);
+    for (int i = 0; i < n; i += HALF_T) {
+        const int T = n - i < HALF_T ? n - i : HALF_T, tile = i / PANEL_T;
+        const float *xt = xb + (size_t)tile * xb_tile_floats(in) + (size_t)(i % PANEL_T) * PANEL_K;
+        for (int h = 0, sh = 0; h < nh; h++) {
+            const size_t at = (size_t)h / 2 * in * 64;
+            /* the second half-tile of a PANEL_T block reads its own lines */
+            const char *pf = i % PANEL_T == 0 ? chunk_pf_at(&c, tile, at, &sh) : wd + at;
+            if (i % PANEL_T) sh = 0;
+            half256_t(y, xt, bs, w, h0 + h, 1, i, T, pf, sh);
+        }
+    }
+}
+
+/* matmul for count DT_BF16P matrices of one width in one thread team, as
+ * matmul512 runs them (chunks of 64 rows from runs_next). -1: no buffer
+ * for x in blocks (out of memory). */
+__attribute__((target("avx2,fma,f16c"))) static int matmul256p(float *const *y, const Weight *const *w, int count,
+                                                                  const float *x, int n) {
+    const int in = w[0]->cols, blocks = n > 1 && in != PANEL_K;
+    int first[MATMUL_MAX_MULTI + 1];
+    chunk_starts(first, w, count);
+    float *xb = blocks ? buf_get(&xb_buf, xb_floats(n, in)) : NULL;
+    if (blocks && !xb) return -1;
+    const int threads = omp_get_max_threads(), alone = (size_t)n * in <= 16384;
+    if (blocks && alone) block_rows(xb, x, 0, n, in);
+    Run run[RUNS_MAX];
+    const int nruns = runs_init(run, threads, first[count]);
+#pragma omp parallel num_threads(threads)
+    {
+        const int me = omp_get_thread_num() % nruns;
+        if (blocks && !alone) {
+#pragma omp for schedule(static)
+            for (int i = 0; i < n; i++) block_rows(xb, x, i, i + 1, in);
+        }
+        for (int c; (c = runs_next(run, nruns, me)) >= 0;) {
+            int o0, o1;
+            const int k = chunk_of(first, w, c, &o0, &o1);
+            panels256(y[k], x, blocks ? xb : x, w[k], o0, o1, n);
+        }
+    }
+    return 0;
+}
+
 void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
     int q8i = 0;
     for (int k = 0; k < count; k++) q8i += w[k]->dtype == DT_Q8I;
@@ -1296,9 +1442,15 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
          * the AVX2 path below is correct, with other rounding */
         y += k, w += k, count -= k;
     }
+    /* AVX2: panels in one team when all are (q, k, v; gate, up), else one
+     * by one; DT_BF16D, and panels without a buffer for x, in plain C */
+    int panels = 0;
+    for (int k = 0; k < count; k++) panels += w[k]->dtype == DT_BF16P;
+    if (isa() >= ISA_AVX2 && panels == count && count <= MATMUL_MAX_MULTI && !matmul256p(y, w, count, x, n)) return;
     for (int k = 0; k < count; k++) {
-        if (isa() >= ISA_AVX2 && w[k]->dtype != DT_BF16P && w[k]->dtype != DT_BF16D) matmul256(y[k], x, w[k], n);
-        else matmul_ref(y[k], x, w[k], n);
+        if (isa() < ISA_AVX2 || w[k]->dtype == DT_BF16D) matmul_ref(y[k], x, w[k], n);
+        else if (w[k]->dtype != DT_BF16P) matmul256(y[k], x, w[k], n);
+        else if (matmul256p(&y[k], &w[k], 1, x, n)) matmul_ref(y[k], x, w[k], n);
     }
 }
 
@@ -1374,12 +1526,94 @@ static void matmul_neon_dt(float *y, const float *x, const Weight *w, int n, DTy
 #undef TILE_NEON
 }
 
-/* One matrix after the other; the relaid layouts (AVX-512's) and DT_Q8I
- * take the reference. */
+/* ---- DT_BF16P on NEON: lanes are rows, as half256 ----
+ *
+ * Column k's 64 bytes are four 16-byte quarters; quarter q is 4 lanes of
+ * |row 4q+l|row 4q+l+16| pairs (l = 0..3), which widen to lo = lane << 16
+ * (rows 4q..4q+3) and hi = lane & 0xffff0000 (rows 4q+16..4q+19); x[i][k]
+ * multiplies both (fmla by element). Every y[i][o] is the fma chain over k
+ * in order that matmul_ref runs for DT_BF16P: the x86 paths' bits. A tile
+ * is Q quarters x T tokens, 2 Q T sums: 4 x 1 and 4 x 2 (a whole panel)
+ * up to 2 tokens, 2 x 5 past that (20 sums, two widened quarters and five
+ * x: 27 of the 32 registers, 20 FMAs per 32 bytes and four widenings;
+ * 4 x 3 needs 33, the compiler loading all four quarters first).
+ * Not yet timed on ARM hardware (docs/kernel-notes.md#bf16-panels-on-neon). */
+#define QUARTER_T 5
+
+/* Quarters [q0, q0 + Q) of w (quarter q: panel q / 4, bytes 16 (q % 4) of
+ * each column's 64) x tokens [i, i + T), all columns. */
+NEON void quarter_neon(float *y, const float *x, const Weight *w, int q0, const int Q, int i, const int T) {
+    const int in = w->cols, out = w->rows;
+    const uint16_t *wd = (const uint16_t *)w->data;
+    const uint32x4_t keep_hi = vdupq_n_u32(0xffff0000u);
+    float32x4_t acc[4][2][QUARTER_T];
+    /* every q and t loop unrolled, so that acc lives in registers: GCC
+     * stops peeling nested loops at 16 copies and left acc in memory */
+#pragma GCC unroll 4
+    for (int q = 0; q < Q; q++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[q][0][t] = acc[q][1][t] = vdupq_n_f32(0);
+    for (int k = 0; k < in; k++) {
+        float xk[QUARTER_T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) xk[t] = x[(size_t)(i + t) * in + k];
+#pragma GCC unroll 4
+        for (int q = 0; q < Q; q++) {
+            const int qq = q0 + q;
+            const uint32x4_t v = vld1q_u32((const uint32_t *)(wd + ((size_t)(qq / 4) * in + k) * 32 + qq % 4 * 8));
+            const float32x4_t lo = vreinterpretq_f32_u32(vshlq_n_u32(v, 16)),
+                              hi = vreinterpretq_f32_u32(vandq_u32(v, keep_hi));
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                acc[q][0][t] = vfmaq_n_f32(acc[q][0][t], lo, xk[t]);
+                acc[q][1][t] = vfmaq_n_f32(acc[q][1][t], hi, xk[t]);
+            }
+        }
+    }
+    /* lo lanes are rows 32 (q / 4) + 4 (q % 4) + 0..3, hi lanes those + 16 */
+#pragma GCC unroll 4
+    for (int q = 0; q < Q; q++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const int qq = q0 + q;
+            float *yo = y + (size_t)(i + t) * out + (size_t)(qq / 4) * 32 + qq % 4 * 4;
+            vst1q_f32(yo, acc[q][0][t]);
+            vst1q_f32(yo + 16, acc[q][1][t]);
+        }
+}
+
+/* quarter_neon with Q and T as constants. */
+static void quarter_neon_t(float *y, const float *x, const Weight *w, int q0, int Q, int i, int T) {
+#define QT(q, t) case (q) * 16 + (t): quarter_neon(y, x, w, q0, q, i, t); break;
+    switch (Q * 16 + T) {
+        QT(4, 1) QT(4, 2) QT(2, 1) QT(2, 2) QT(2, 3) QT(2, 4) QT(2, 5)
+    default: break;
+    }
+#undef QT
+}
+
+/* DT_BF16P: threads take panels; up to 2 tokens a panel's four quarters go
+ * side by side, past that two quarters at a time for each QUARTER_T-token
+ * tile (the panel in cache after the first). */
+static void panels_neon(float *y, const float *x, const Weight *w, int n) {
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < w->rows / 32; p++) {
+        if (n <= 2) {
+            quarter_neon_t(y, x, w, 4 * p, 4, 0, n);
+            continue;
+        }
+        for (int i = 0; i < n; i += QUARTER_T)
+            for (int q = 0; q < 4; q += 2) quarter_neon_t(y, x, w, 4 * p + q, 2, i, n - i < QUARTER_T ? n - i : QUARTER_T);
+    }
+}
+
+/* One matrix after the other; DT_BF16D (AVX-512 BF16's) and DT_Q8I take
+ * the reference. */
 void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
     for (int k = 0; k < count; k++) {
         const DType dt = w[k]->dtype;
-        if (isa() < ISA_NEON || dt == DT_BF16P || dt == DT_BF16D || dt == DT_Q8I) matmul_ref(y[k], x, w[k], n);
+        if (isa() < ISA_NEON || dt == DT_BF16D || dt == DT_Q8I) matmul_ref(y[k], x, w[k], n);
+        else if (dt == DT_BF16P) panels_neon(y[k], x, w[k], n);
         else if (dt == DT_F32) matmul_neon_dt(y[k], x, w[k], n, DT_F32);
         else if (dt == DT_F16) matmul_neon_dt(y[k], x, w[k], n, DT_F16);
         else if (dt == DT_Q8) matmul_neon_dt(y[k], x, w[k], n, DT_Q8);

@@ -292,7 +292,7 @@ Test(kernels, matmul_threads_compute_every_row_once) {
  * do not depend on the batch) for 1 to 100 tokens, at 1 and 3 threads; and
  * the results within tol * sqrt(cols) of the row-major matmul's. */
 static void check_panels(int (*to)(Weight *), DType dt, const int (*shapes)[2], int nshapes, float tol) {
-    const int ns[] = {1, 3, 6, 7, 12, 13, 40, 100};
+    const int ns[] = {1, 2, 3, 5, 6, 7, 11, 12, 13, 40, 100};
     const int NS = sizeof ns / sizeof ns[0], NMAX = 100;
     for (int si = 0; si < nshapes; si++) {
         const int out = shapes[si][0], in = shapes[si][1];
@@ -340,9 +340,10 @@ static void check_panels(int (*to)(Weight *), DType dt, const int (*shapes)[2], 
 }
 
 /* DT_BF16P (bf16 relaid in 32-row panels), as check_panels says, for
- * batches that take the 1 x 1, 2 x 6 and 1 x 12 tiles and their
- * remainders, chunks of one and two panels, the next-chunk prefetch (192
- * rows), within float rounding of the row-major matmul; what
+ * batches that take the AVX-512 tiles (1 x 1, 2 x 6 and 1 x 12 panels x
+ * tokens) and the AVX2 ones (4 x 1, 2 x 2 and 1 x 6 half-panels) and
+ * their remainders, chunks of one and two panels, the next-chunk prefetch
+ * (192 rows), within float rounding of the row-major matmul; what
  * weight_to_panels cannot lay out stays as it is. */
 Test(kernels, panels_match_reference_to_the_bit) {
     /* 1024 columns: x used in place of its blocks; 100 tokens: 9 tiles, the
