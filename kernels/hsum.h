@@ -1,4 +1,4 @@
-/* hsum.h: horizontal sums of AVX-512 vectors, four at a time.
+/* hsum.h: horizontal sums of AVX-512 and AVX vectors, four at a time.
  *
  * Used where many dot products end at once (matmul tiles, attention score
  * tiles): one shuffle tree for four vectors costs about what one
@@ -34,6 +34,15 @@ __attribute__((target("avx512f,avx512dq"), always_inline)) static inline __m128i
     __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
     __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti32x8_epi32(s, 1));
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+/* The same tree for 8-lane vectors (AVX): [sum(a), sum(b), sum(c), sum(d)]. */
+__attribute__((target("avx"), always_inline)) static inline __m128 hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    __m256d abd = _mm256_castps_pd(ab), cdd = _mm256_castps_pd(cd);
+    __m256 s = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(abd, cdd)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(abd, cdd)));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 #endif /* __x86_64__ */
 

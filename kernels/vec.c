@@ -3,9 +3,10 @@
  *
  * Data flow: kernels/, the bottom layer (run.c -> model -> attn -> kv ->
  * kernels): the kv/ schemes that keep floats or halves (f32, KIVI's float
- * window, and f16 where AVX-512 or the head dim rules out its tiles) call
- * these once per cached vector and query head, x [d] against q [d],
- * d = head_dim; f16 narrows each appended vector with vec_f32_to_f16.
+ * window, and f16 where the CPU or the head dim rules out its AVX-512 and
+ * AVX2 tiles) call these once per cached vector and query head, x [d]
+ * against q [d], d = head_dim; f16 narrows each appended vector with
+ * vec_f32_to_f16.
  *
  * The AVX2 versions (8 lanes, F16C for halves) serve both AVX2 and AVX-512
  * machines: vectors here are one head long, too short for 16 lanes to pay
