@@ -1289,9 +1289,9 @@ __attribute__((target("avx2,fma,f16c"))) static void matmul256(float *y, const f
  * DT_BF16P, so the bits are the reference's (and the AVX-512 path's) for
  * any batch. A tile is U halves x T tokens, 2 U T sums; with the two
  * widened halves and the broadcasts (which the compiler keeps for all U
- * halves) at most 16 registers: 4 x 1 (one token: both panels of a
+ * halves) at most 15 registers: 4 x 1 (one token: both panels of a
  * chunk), 2 x 2, and 1 x T up to 6, which does 12 FMAs per 32-byte load
- * and two widenings. (2 x 3 would need 17 and spills a sum.) */
+ * and two widenings. (2 x 3 would need 17 and spilled a sum.) */
 #define HALF_T 6
 
 /* Halves [h0, h0 + U) of w (half h: panel h / 2, bytes 32 (h % 2) of each
@@ -1446,7 +1446,8 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
      * by one; DT_BF16D, and panels without a buffer for x, in plain C */
     int panels = 0;
     for (int k = 0; k < count; k++) panels += w[k]->dtype == DT_BF16P;
-    if (isa() >= ISA_AVX2 && panels == count && count <= MATMUL_MAX_MULTI && !matmul256p(y, w, count, x, n)) return;
+    if (isa() >= ISA_AVX2 && count > 0 && panels == count && count <= MATMUL_MAX_MULTI && !matmul256p(y, w, count, x, n))
+        return;
     for (int k = 0; k < count; k++) {
         if (isa() < ISA_AVX2 || w[k]->dtype == DT_BF16D) matmul_ref(y[k], x, w[k], n);
         else if (w[k]->dtype != DT_BF16P) matmul256(y[k], x, w[k], n);
@@ -1629,7 +1630,7 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
 #endif /* __x86_64__, __aarch64__ */
 
 #if !defined(__x86_64__)
-/* Only the AVX-512 path keeps per-thread buffers. */
+/* Only the x86 paths keep per-thread buffers. */
 void matmul_thread_free(void) {}
 
 int matmul_reserve(int n, int cols) {

@@ -35,9 +35,9 @@
  *   scale: | 16 rows x f32 d | per 32 columns, per tile
  * y = sum over blocks b of (d_w,b * d_x,b) * (sum_j q_w,j q_x,j). */
 /* DT_BF16P: bf16 relaid at load in panels of 32 rows (weight_to_panels),
- * for the AVX-512 and AVX2 paths; panel p is one 64-byte word per column k, whose
- * 16 lanes of bf16 pairs hold rows 32p + l (low half) and 32p + l + 16
- * (high half):
+ * for the AVX-512, AVX2 and NEON paths; panel p is one 64-byte word per
+ * column k, whose 16 lanes of bf16 pairs hold rows 32p + l (low half) and
+ * 32p + l + 16 (high half):
  *   data:  | k = 0: |row 0|row 16|row 1|row 17| .. |row 15|row 31| | k = 1: .. | per panel
  * Every y[i][o] over it is one fma chain over k = 0, 1, .. in order. */
 /* DT_BF16D: bf16 relaid at load in panels of 16 rows for AVX-512 BF16's
@@ -78,8 +78,8 @@ int matmul_has_q8i(void);
  * writable). 0 ok; -1 when w is not DT_BF16, rows is not a positive
  * multiple of 32, or memory for one panel's rows runs out, w untouched. */
 int weight_to_panels(Weight *w);
-/* Whether matmul has its fast kernel for DT_BF16P here (AVX-512 or AVX2);
- * without it DT_BF16P runs the plain C reference. */
+/* Whether matmul has its fast kernel for DT_BF16P here (AVX-512, AVX2 or
+ * NEON); without it DT_BF16P runs the plain C reference. */
 int matmul_has_panels(void);
 /* Relays a row-major DT_BF16 w as DT_BF16D in place (its bytes must be
  * writable). 0 ok; -1 when w is not DT_BF16, rows is not a positive

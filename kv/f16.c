@@ -132,7 +132,7 @@ F16_AVX2 void score_heads256(const KVStream *s, const float *q, const int NH, co
 }
 
 /* kv_score for d % 8 == 0: heads four at a time (two positions a tile),
- * the rest two or one at a time (four positions a tile). */
+ * then the rest together: three (two positions a tile), two or one (four). */
 __attribute__((target("avx2,fma,f16c"))) static void score256(const KVStream *s, const float *q, int nq, int t0,
                                                                 int t1, float *out, int ldo) {
     for (int i0 = 0; i0 < nq; i0 += 4) {

@@ -375,7 +375,7 @@ static void relay_error(const Weight *w, int why, const char *what, char *err, s
                  "even number of columns and data on a 4-byte boundary (or memory ran out)", what, w->rows, w->cols);
 }
 
-/* Every bf16 matrix into panels, the layout the AVX-512 and AVX2 kernels read best
+/* Every bf16 matrix into panels, the layout the SIMD kernels read best
  * (kernels/matmul.h; docs/kernel-notes.md#bf16-panels);
  * with act_bf16 into DT_BF16D instead, and then every matrix a matmul
  * reads must take it (-1 with err naming the first that cannot). A tied

@@ -245,6 +245,39 @@ Test(kernels, matmul_multi_equals_separate_matmuls) {
     }
 }
 
+/* The same for three matrices relaid in panels (q, k and v's case: one
+ * team over their 64-row chunks laid end to end, 32-row last chunks
+ * included), on every ISA. */
+Test(kernels, matmul_multi_on_panels_equals_separate_matmuls) {
+    const int rows[3] = {64, 32, 96}, in = 100;
+    for (size_t k = 0; k < NISA; k++) {
+        if (kernels_set_isa(isas[k])) continue;
+        for (int n = 1; n <= 20; n += 19) {
+            void *mem[3];
+            Weight w[3];
+            const Weight *wp[3];
+            float *x = malloc(sizeof(float) * n * in), *y[3], *ref[3];
+            for (int i = 0; i < n * in; i++) x[i] = frand();
+            cr_assert_eq(matmul_reserve(n, in), 0);
+            for (int m = 0; m < 3; m++) {
+                w[m] = make_weight(DT_BF16, rows[m], in, &mem[m]);
+                cr_assert_eq(weight_to_panels(&w[m]), 0);
+                wp[m] = &w[m];
+                y[m] = malloc(sizeof(float) * n * rows[m]);
+                ref[m] = malloc(sizeof(float) * n * rows[m]);
+                matmul(ref[m], x, &w[m], n);
+            }
+            matmul_multi(y, wp, 3, x, n);
+            for (int m = 0; m < 3; m++) {
+                cr_expect(memcmp(y[m], ref[m], sizeof(float) * n * rows[m]) == 0, "%s n=%d: panel projection %d differs",
+                          isas[k], n, m);
+                free(y[m]), free(ref[m]), free(mem[m]);
+            }
+            free(x);
+        }
+    }
+}
+
 /* Threads share a projection's 64-row chunks through runs they steal from
  * one another (kernels/matmul.c): whatever the team size, every row is
  * computed exactly once and by the same code, so the output is the one
@@ -292,7 +325,7 @@ Test(kernels, matmul_threads_compute_every_row_once) {
  * do not depend on the batch) for 1 to 100 tokens, at 1 and 3 threads; and
  * the results within tol * sqrt(cols) of the row-major matmul's. */
 static void check_panels(int (*to)(Weight *), DType dt, const int (*shapes)[2], int nshapes, float tol) {
-    const int ns[] = {1, 2, 3, 5, 6, 7, 11, 12, 13, 40, 100};
+    const int ns[] = {1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 40, 100};
     const int NS = sizeof ns / sizeof ns[0], NMAX = 100;
     for (int si = 0; si < nshapes; si++) {
         const int out = shapes[si][0], in = shapes[si][1];
@@ -341,8 +374,9 @@ static void check_panels(int (*to)(Weight *), DType dt, const int (*shapes)[2], 
 
 /* DT_BF16P (bf16 relaid in 32-row panels), as check_panels says, for
  * batches that take the AVX-512 tiles (1 x 1, 2 x 6 and 1 x 12 panels x
- * tokens) and the AVX2 ones (4 x 1, 2 x 2 and 1 x 6 half-panels) and
- * their remainders, chunks of one and two panels, the next-chunk prefetch
+ * tokens), the AVX2 ones (4 x 1, 2 x 2 and 1 x 1..6 half-panels) and the
+ * NEON ones (4 x 1, 4 x 2 and 2 x 1..5 quarters), chunks of one and two
+ * panels, the next-chunk prefetch
  * (192 rows), within float rounding of the row-major matmul; what
  * weight_to_panels cannot lay out stays as it is. */
 Test(kernels, panels_match_reference_to_the_bit) {
