@@ -186,8 +186,11 @@ test-aarch64: $(BUILD)/run
 	printf '#!/bin/sh\nexec env QEMU_LD_PREFIX=%s %s "$$(dirname "$$0")/run" "$$@"\n' \
 		'$(AARCH64_SYSROOT)' '$(QEMU_AARCH64)' > $(AARCH64_BUILD)/run-qemu
 	chmod +x $(AARCH64_BUILD)/run-qemu
-	QEMU_CPU=$(AARCH64_CPU_FULL) $(AARCH64_EMU) $(AARCH64_BUILD)/run --version | tee /dev/stderr | grep -q 'kernels dotprod'
-	QEMU_CPU=$(AARCH64_CPU_BASE) $(AARCH64_EMU) $(AARCH64_BUILD)/run --version | tee /dev/stderr | grep -q 'kernels neon'
+	# (not tee /dev/stderr: where stderr is a log file, tee reopens it and truncates it)
+	v=$$(QEMU_CPU=$(AARCH64_CPU_FULL) $(AARCH64_EMU) $(AARCH64_BUILD)/run --version) && echo "$$v" >&2 && \
+		echo "$$v" | grep -q 'kernels dotprod'
+	v=$$(QEMU_CPU=$(AARCH64_CPU_BASE) $(AARCH64_EMU) $(AARCH64_BUILD)/run --version) && echo "$$v" >&2 && \
+		echo "$$v" | grep -q 'kernels neon'
 	QEMU_CPU=$(AARCH64_CPU_FULL) OMP_WAIT_POLICY=passive RUN_BIN=$(AARCH64_BUILD)/run-qemu \
 		$(AARCH64_EMU) $(AARCH64_BUILD)/test_plain $(AARCH64_TEST_ARGS)
 	QEMU_CPU=$(AARCH64_CPU_BASE) OMP_WAIT_POLICY=passive RUN_BIN=$(AARCH64_BUILD)/run-qemu \
