@@ -1380,7 +1380,6 @@ AVX2 void panels256(float *y, const float *x, const float *xb, const Weight *w, 
             const size_t at = (size_t)h / 2 * in * 64;
             /* the second half-tile of a PANEL_T block reads its own lines */
             const char *pf = i % PANEL_T == 0 ? chunk_pf_at(&c, tile, at, &sh) : wd + at;
-            if (i % PANEL_T) sh = 0;
             half256_t(y, xt, bs, w, h0 + h, 1, i, T, pf, sh);
         }
     }
