@@ -211,70 +211,50 @@ Test(kernels, argmax_matches_reference) {
     }
 }
 
+/* matmul_multi over three matrices of rows[m] x in and dtype dts[m] (bf16
+ * relaid in panels when panels) against each one's own matmul, on the
+ * current ISA, for n tokens. */
+static void check_multi(const int *rows, const DType *dts, int panels, int n, int in, const char *isa) {
+    void *mem[3];
+    Weight w[3];
+    const Weight *wp[3];
+    float *x = malloc(sizeof(float) * n * in), *y[3], *ref[3];
+    for (int i = 0; i < n * in; i++) x[i] = frand();
+    if (panels) cr_assert_eq(matmul_reserve(n, in), 0);
+    for (int m = 0; m < 3; m++) {
+        w[m] = make_weight(dts[m], rows[m], in, &mem[m]);
+        if (panels) cr_assert_eq(weight_to_panels(&w[m]), 0);
+        wp[m] = &w[m];
+        y[m] = malloc(sizeof(float) * n * rows[m]);
+        ref[m] = malloc(sizeof(float) * n * rows[m]);
+        matmul(ref[m], x, &w[m], n);
+    }
+    matmul_multi(y, wp, 3, x, n);
+    for (int m = 0; m < 3; m++) {
+        cr_expect(memcmp(y[m], ref[m], sizeof(float) * n * rows[m]) == 0, "%s n=%d in=%d%s: projection %d differs", isa,
+                  n, in, panels ? " (panels)" : "", m);
+        free(y[m]), free(ref[m]), free(mem[m]);
+    }
+    free(x);
+}
+
 /* matmul_multi: one pass over several projections of the same x gives each
  * exactly what its own matmul gives, with mixed row counts and dtypes and a
- * column tail, for a single token and for a batch that packs bf16 chunks. */
+ * column tail, for a single token and for a batch that packs bf16 chunks;
+ * and for three matrices relaid in panels (q, k and v's case: one team over
+ * their 64-row chunks laid end to end, 32-row last chunks included). */
 Test(kernels, matmul_multi_equals_separate_matmuls) {
-    const int rows[3] = {70, 33, 130};
+    const int rows[3] = {70, 33, 130}, prows[3] = {64, 32, 96};
+    const DType bf16[3] = {DT_BF16, DT_BF16, DT_BF16};
     for (size_t k = 0; k < NISA; k++) {
         if (kernels_set_isa(isas[k])) continue;
         /* with a column tail, then q8 in the mix (whole 32-column blocks) */
         for (int c = 0; c < 4; c++) {
             const int n = c % 2 ? 20 : 1, in = c < 2 ? 100 : 128;
             const DType dts[3] = {DT_BF16, in % 32 ? DT_F16 : DT_Q8, DT_F32};
-            void *mem[3];
-            Weight w[3];
-            const Weight *wp[3];
-            float *x = malloc(sizeof(float) * n * in), *y[3], *ref[3];
-            for (int i = 0; i < n * in; i++) x[i] = frand();
-            for (int m = 0; m < 3; m++) {
-                w[m] = make_weight(dts[m], rows[m], in, &mem[m]);
-                wp[m] = &w[m];
-                y[m] = malloc(sizeof(float) * n * rows[m]);
-                ref[m] = malloc(sizeof(float) * n * rows[m]);
-                matmul(ref[m], x, &w[m], n);
-            }
-            matmul_multi(y, wp, 3, x, n);
-            for (int m = 0; m < 3; m++) {
-                cr_expect(memcmp(y[m], ref[m], sizeof(float) * n * rows[m]) == 0, "%s n=%d in=%d: projection %d differs",
-                          isas[k], n, in, m);
-                free(y[m]), free(ref[m]), free(mem[m]);
-            }
-            free(x);
+            check_multi(rows, dts, 0, n, in, isas[k]);
         }
-    }
-}
-
-/* The same for three matrices relaid in panels (q, k and v's case: one
- * team over their 64-row chunks laid end to end, 32-row last chunks
- * included), on every ISA. */
-Test(kernels, matmul_multi_on_panels_equals_separate_matmuls) {
-    const int rows[3] = {64, 32, 96}, in = 100;
-    for (size_t k = 0; k < NISA; k++) {
-        if (kernels_set_isa(isas[k])) continue;
-        for (int n = 1; n <= 20; n += 19) {
-            void *mem[3];
-            Weight w[3];
-            const Weight *wp[3];
-            float *x = malloc(sizeof(float) * n * in), *y[3], *ref[3];
-            for (int i = 0; i < n * in; i++) x[i] = frand();
-            cr_assert_eq(matmul_reserve(n, in), 0);
-            for (int m = 0; m < 3; m++) {
-                w[m] = make_weight(DT_BF16, rows[m], in, &mem[m]);
-                cr_assert_eq(weight_to_panels(&w[m]), 0);
-                wp[m] = &w[m];
-                y[m] = malloc(sizeof(float) * n * rows[m]);
-                ref[m] = malloc(sizeof(float) * n * rows[m]);
-                matmul(ref[m], x, &w[m], n);
-            }
-            matmul_multi(y, wp, 3, x, n);
-            for (int m = 0; m < 3; m++) {
-                cr_expect(memcmp(y[m], ref[m], sizeof(float) * n * rows[m]) == 0, "%s n=%d: panel projection %d differs",
-                          isas[k], n, m);
-                free(y[m]), free(ref[m]), free(mem[m]);
-            }
-            free(x);
-        }
+        for (int n = 1; n <= 20; n += 19) check_multi(prows, bf16, 1, n, 100, isas[k]);
     }
 }
 
