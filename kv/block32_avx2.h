@@ -1,5 +1,6 @@
-/* block32_avx2.h: the AVX2 attention loops of a llama.cpp block scheme
- * (q4_0), included by kv/q4.c (q8_0, in tiles, has its own: kv/q8.c).
+/* block32_avx2.h: the AVX2 float scores of a llama.cpp block scheme
+ * (q4_0), included by kv/q4.c (q8_0, in tiles, has its own: kv/q8.c;
+ * q4.c sums values itself).
  *
  * Data flow: attn_group -> kv_score / kv_accum -> q4.c, on AVX2 machines
  * without AVX-512 (those take kv/tile512.h). A position is d/32 blocks of
@@ -12,8 +13,7 @@
  * and returns the scale; each block is loaded once per position and feeds
  * every head. Scores: acc_i += d · (q_i[block] ⊙ codes), then one
  * horizontal sum per head; up to B32_HEADS heads per pass (their
- * accumulators, 4 code vectors and the scale fit 16 registers). Sums:
- * acc_i[block] += (p_i,t · d) · codes.
+ * accumulators, 4 code vectors and the scale fit 16 registers).
  */
 #ifndef KV_BLOCK32_AVX2_H
 #define KV_BLOCK32_AVX2_H
@@ -78,33 +78,11 @@ B32_AVX2 void b32_score(const KVStream *s, B32Load load, const float *q, int nq,
     }
 }
 
-/* kv_accum: each block loaded once for all heads. */
-B32_AVX2 void b32_accum(const KVStream *s, B32Load load, const float *p, int ldp, int nq, int t0, int t1,
-                        float *acc) {
-    const int nb = s->d / 32;
-    for (int t = t0; t < t1; t++)
-        for (int k = 0; k < nb; k++) {
-            __m256 c[4];
-            const float d = load(s, t, k, c);
-            for (int i = 0; i < nq; i++) {
-                __m256 w = _mm256_set1_ps(p[(size_t)i * ldp + (t - t0)] * d);
-                float *ai = acc + (size_t)i * s->d + k * 32;
-                for (int r = 0; r < 4; r++)
-                    _mm256_storeu_ps(ai + 8 * r, _mm256_fmadd_ps(w, c[r], _mm256_loadu_ps(ai + 8 * r)));
-            }
-        }
-}
-
-/* The scheme file's AVX2 entry points, score_avx2 and accum_avx2, over its
- * block loader. */
+/* The scheme file's AVX2 entry point, score_avx2, over its block loader. */
 #define BLOCK32_AVX2_KERNELS(LOAD)                                                                                   \
     __attribute__((target("avx2,fma,f16c"))) static void score_avx2(const KVStream *s, const float *q, int nq,       \
                                                                     int t0, int t1, float *out, int ldo) {           \
         b32_score(s, LOAD, q, nq, t0, t1, out, ldo);                                                                 \
-    }                                                                                                                \
-    __attribute__((target("avx2,fma,f16c"))) static void accum_avx2(const KVStream *s, const float *p, int ldp,      \
-                                                                    int nq, int t0, int t1, float *acc) {            \
-        b32_accum(s, LOAD, p, ldp, nq, t0, t1, acc);                                                                 \
     }
 
 #endif /* __x86_64__ */

@@ -399,6 +399,13 @@ static int kivi_score_int(const KVStream *s, const float *q, int nq, int t0, int
     return 0;
 }
 
+/* acc[c] += zs[g] for every channel c of group g (a loop per group: c / G
+ * per channel was an integer division each, as slow as the sums). */
+static void add_zero_sums(float *acc, const float *zs, int d, int G) {
+    for (int g = 0; g < d / G; g++)
+        for (int c = g * G; c < (g + 1) * G; c++) acc[c] += zs[g];
+}
+
 /* Plain C V accumulate: per token and group, acc_i += (p_i·s_g)·code, while
  * Σ_t p_i·z_g collects per head and group and is added once at the end. */
 static void accum_values_c(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
@@ -420,8 +427,7 @@ static void accum_values_c(const KVStream *s, const float *p, int ldp, int nq, i
                 }
             }
         }
-        for (int i = 0; i < nh; i++)
-            for (int c = 0; c < d; c++) acc[(size_t)(h0 + i) * d + c] += zs[i][c / G];
+        for (int i = 0; i < nh; i++) add_zero_sums(acc + (size_t)(h0 + i) * d, zs[i], d, G);
     }
     accum_window(s, p, ldp, nq, t0 > tq ? t0 : tq, t1, acc, t0);
 }
@@ -779,8 +785,7 @@ AVX2 static void accum_values_avx2(const KVStream *s, const float *p, int ldp, i
         }
 #undef ACCUM
 #undef PASSES
-        for (int i = 0; i < nh; i++)
-            for (int c = 0; c < d; c++) ah[(size_t)i * d + c] += zs[i][c / G];
+        for (int i = 0; i < nh; i++) add_zero_sums(ah + (size_t)i * d, zs[i], d, G);
     }
     accum_window(s, p, ldp, nq, t0 > tq ? t0 : tq, t1, acc, t0);
 }
@@ -1182,8 +1187,7 @@ static void accum_values_neon(const KVStream *s, const float *p, int ldp, int nq
                 }
             }
         }
-        for (int i = 0; i < nh; i++)
-            for (int c = 0; c < d; c++) acc[(size_t)(h0 + i) * d + c] += zs[i][c / G];
+        for (int i = 0; i < nh; i++) add_zero_sums(acc + (size_t)(h0 + i) * d, zs[i], d, G);
     }
     accum_window(s, p, ldp, nq, t0 > tq ? t0 : tq, t1, acc, t0);
 }

@@ -457,6 +457,94 @@ AVX2 static int score_i8_avx2(const KVStream *s, const float *q, int nq, int t0,
     return 0;
 }
 
+/* AVX2 value sums: acc_i[32k + j] += (p_i,t · d_t,k) · (code_j - 8), the
+ * products and fma chains over t in order that accum_c runs, with the
+ * sums held in registers over a run of positions instead of going through
+ * memory every position. Heads four at a time take half a block (16
+ * values: the low or the high nibbles) a pass, 8 accumulators; two or one
+ * a whole block. The weights p · d of Q4_TT positions are computed ahead
+ * of their passes (w[t][i][k]), so a pass broadcasts them from L1. */
+#define Q4_TT 32
+
+/* Values 16h .. 16h + 15 of a block (its nibbles' low or high halves) as
+ * two vectors of code - 8. */
+AVX2_INLINE void half_q4_avx2(const uint8_t *qs, int h, __m256 v[2]) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i nib = _mm_and_si128(h ? _mm_srli_epi16(raw, 4) : raw, _mm_set1_epi8(15));
+    const __m128i c = _mm_sub_epi8(nib, _mm_set1_epi8(8));
+    v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+    v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)));
+}
+
+/* NH heads x halves [h0, h0 + NHF) of block k over the n positions from
+ * ta, whose weights are ready in w; pf: this pass fetches the rows ahead. */
+AVX2_INLINE void accum_tile_q4(const KVStream *s, const float (*w)[4][KV_MAX_DIM / QK], const int NH, const int NHF,
+                               int k, int h0, int ta, int n, int pf, float *acc) {
+    const size_t rb = row_bytes(s);
+    float *ab = acc + (size_t)k * QK + 16 * (size_t)h0;
+    __m256 a[4][4];
+    for (int i = 0; i < NH; i++)
+        for (int v = 0; v < 2 * NHF; v++) a[i][v] = _mm256_loadu_ps(ab + (size_t)i * s->d + 8 * v);
+    for (int t = 0; t < n; t++) {
+        const uint8_t *r = s->data + (size_t)(ta + t) * rb;
+        if (pf)
+            for (size_t b = 0; b < rb; b += 64) _mm_prefetch((const char *)r + 16 * rb + b, _MM_HINT_T0);
+        __m256 wv[4];
+        for (int i = 0; i < NH; i++) wv[i] = _mm256_broadcast_ss(&w[t][i][k]);
+        for (int hf = 0; hf < NHF; hf++) {
+            __m256 x[2];
+            half_q4_avx2(r + (size_t)k * sizeof(BlockQ4) + 2, h0 + hf, x);
+            for (int i = 0; i < NH; i++) {
+                a[i][2 * hf] = _mm256_fmadd_ps(wv[i], x[0], a[i][2 * hf]);
+                a[i][2 * hf + 1] = _mm256_fmadd_ps(wv[i], x[1], a[i][2 * hf + 1]);
+            }
+        }
+    }
+    for (int i = 0; i < NH; i++)
+        for (int v = 0; v < 2 * NHF; v++) _mm256_storeu_ps(ab + (size_t)i * s->d + 8 * v, a[i][v]);
+}
+
+/* NH heads (4: half blocks; 2 or 1: whole ones) over [t0, t1). */
+AVX2_INLINE void accum_heads_q4(const KVStream *s, const float *p, int ldp, const int NH, int t0, int t1, int pf,
+                                float *acc) {
+    const int nb = s->d / QK, NHF = NH > 2 ? 1 : 2;
+    float w[Q4_TT][4][KV_MAX_DIM / QK];
+    for (int ta = t0; ta < t1; ta += Q4_TT) {
+        const int n = t1 - ta < Q4_TT ? t1 - ta : Q4_TT;
+        for (int t = 0; t < n; t++) {
+            const BlockQ4 *b = row(s, ta + t);
+            int k = 0;
+            /* four blocks' scales a vector, loaded straight into lanes */
+            for (; k + 4 <= nb; k += 4) {
+                const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)b[k].d, (short)b[k + 1].d, (short)b[k + 2].d,
+                                                             (short)b[k + 3].d, 0, 0, 0, 0));
+                for (int i = 0; i < NH; i++)
+                    _mm_storeu_ps(&w[t][i][k], _mm_mul_ps(_mm_set1_ps(p[(size_t)i * ldp + (ta + t - t0)]), d));
+            }
+            for (; k < nb; k++) {
+                const float d = _cvtsh_ss(b[k].d);
+                for (int i = 0; i < NH; i++) w[t][i][k] = p[(size_t)i * ldp + (ta + t - t0)] * d;
+            }
+        }
+        for (int k = 0; k < nb; k++)
+            for (int h0 = 0; h0 < 2; h0 += NHF)
+                accum_tile_q4(s, (const float (*)[4][KV_MAX_DIM / QK])w, NH, NHF, k, h0, ta, n, pf && k == 0 && h0 == 0,
+                              acc);
+    }
+}
+
+AVX2 static void accum_avx2(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
+    for (int i0 = 0; i0 < nq;) {
+        const float *pi = p + (size_t)i0 * ldp;
+        float *ai = acc + (size_t)i0 * s->d;
+        const int left = nq - i0;
+        if (left >= 4) accum_heads_q4(s, pi, ldp, 4, t0, t1, i0 == 0, ai);
+        else if (left >= 2) accum_heads_q4(s, pi, ldp, 2, t0, t1, i0 == 0, ai);
+        else accum_heads_q4(s, pi, ldp, 1, t0, t1, i0 == 0, ai);
+        i0 += left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    }
+}
+
 /* Heads in groups of at most 4 (5 -> 3 + 2), so a head's scores never
  * depend on how many share the call; a group with a non-finite query takes
  * the float path. */

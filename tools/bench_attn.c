@@ -1,6 +1,8 @@
 /* bench_attn.c: one decode step of attention over a filled KV cache, per
  * scheme, at several context lengths and thread counts: the attention part
- * of a token alone, without the matmuls around it.
+ * of a token alone, without the matmuls around it; with --tokens 4, one
+ * prefill block instead (the last 4 positions' queries at once, as
+ * model/ runs a prompt: attn_block).
  *
  * Data flow: outside the engine, in model/'s place: it fills kv/ streams
  * directly (kv_stream_append) and calls attn_group, which runs
@@ -17,7 +19,7 @@
  * depth, they come from DRAM as they do in the model (3.8 GB for f16 at
  * 32K).
  *
- *   ./build/bench_attn [--layers L] [--kv f16,q8,...] [ctx ...]
+ *   ./build/bench_attn [--layers L] [--tokens T] [--kv f16,q8,...] [ctx ...]
  *
  * (defaults: 1 layer, every registered scheme, 1024 8192 32768; f16 is
  * timed first whatever its place in --kv, for the "vs f16" column).
@@ -54,16 +56,17 @@ static float gauss(void) {
 
 /* Seconds per step over nl layers: the best of several timed repetitions,
  * after a warm-up. */
-static double time_step(KVStream *k, KVStream *v, int nl, const float *q, float *out, float *scr, int threads) {
-    size_t per = attn_scratch_floats(NQ / NKV, HD);
+static double time_step(KVStream *k, KVStream *v, int nl, int nt, const float *q, float *out, float *scr,
+                        int threads) {
+    size_t per = attn_scratch_floats(NQ / NKV * nt, HD);
     double best = 1e9;
     for (int rep = 0; rep < 6; rep++) {
         double t0 = now();
         for (int l = 0; l < nl; l++) {
 #pragma omp parallel for num_threads(threads) schedule(static)
             for (int h = 0; h < NKV; h++)
-                attn_group(&k[l * NKV + h], &v[l * NKV + h], q + h * (NQ / NKV) * HD, NQ / NKV, 1.0f / sqrtf(HD),
-                           out + h * (NQ / NKV) * HD, scr + (size_t)omp_get_thread_num() * per);
+                attn_block(&k[l * NKV + h], &v[l * NKV + h], q + h * (NQ / NKV) * HD, NQ / NKV, nt, NQ * HD,
+                           1.0f / sqrtf(HD), out + h * (NQ / NKV) * HD, scr + (size_t)omp_get_thread_num() * per);
         }
         double dt = now() - t0;
         if (rep > 0 && dt < best) best = dt;
@@ -79,18 +82,19 @@ static int whole(const char *v, int lo, int hi) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: bench_attn [--layers 1-256] [--kv SCHEME,...] [ctx 1-1048576 ...]\n");
+    fprintf(stderr, "usage: bench_attn [--layers 1-256] [--tokens 1-4] [--kv SCHEME,...] [ctx 1-1048576 ...]\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
-    int ctxs[8] = {1024, 8192, 32768}, nctx = 0, nl = 1;
+    int ctxs[8] = {1024, 8192, 32768}, nctx = 0, nl = 1, nt = 1;
     /* the schemes to time, f16 first (the others are compared with it) */
     const KVScheme *list[64];
     int nsc = 0;
     for (int i = 0; i < kv_n_schemes && nsc < 64; i++) list[nsc++] = kv_schemes[i];
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) nl = whole(argv[++i], 1, 256);
+        else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) nt = whole(argv[++i], 1, 4);
         else if (strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
             char names[256];
             snprintf(names, sizeof names, "%s", argv[++i]);
@@ -111,7 +115,7 @@ int main(int argc, char **argv) {
                 }
         } else if (nctx < 8) ctxs[nctx++] = whole(argv[i], 1, 1 << 20);
         else return usage();
-        if (nl < 1 || nl > 256 || nsc < 1 || (nctx && (ctxs[nctx - 1] < 1 || ctxs[nctx - 1] > (1 << 20))))
+        if (nl < 1 || nt < 1 || nsc < 1 || (nctx && (ctxs[nctx - 1] < 1 || ctxs[nctx - 1] > (1 << 20))))
             return usage();
     }
     if (!nctx) nctx = 3;
@@ -119,16 +123,17 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nctx; i++) maxctx = ctxs[i] > maxctx ? ctxs[i] : maxctx;
     /* the same random K, V and q for every scheme */
     float *kx = malloc(sizeof(float) * (size_t)maxctx * HD), *vx = malloc(sizeof(float) * (size_t)maxctx * HD);
-    float q[NQ * HD], out[NQ * HD];
+    float q[4 * NQ * HD], out[4 * NQ * HD]; /* [nt, NQ, HD] */
     for (size_t i = 0; i < (size_t)maxctx * HD; i++) kx[i] = gauss(), vx[i] = gauss();
-    for (int i = 0; i < NQ * HD; i++) q[i] = gauss();
+    for (int i = 0; i < 4 * NQ * HD; i++) q[i] = gauss();
     /* per-thread scratch on 64-byte lines, as model/ allocates it: from
      * malloc's 16-byte alignment, two threads' scratch shared a line */
-    float *scr = aligned_alloc(64, sizeof(float) * attn_scratch_floats(NQ / NKV, HD) * 64);
+    float *scr = aligned_alloc(64, sizeof(float) * attn_scratch_floats(NQ / NKV * nt, HD) * 64);
     const int ns = nl * NKV;
     KVStream *k = calloc((size_t)ns, sizeof *k), *v = calloc((size_t)ns, sizeof *v);
-    printf("attention decode step, Qwen3-0.6B shape (%d q heads, %d kv heads, head_dim %d), %d layer%s, kernels %s\n",
-           NQ, NKV, HD, nl, nl > 1 ? "s" : "", kernels_isa());
+    printf("attention %s, Qwen3-0.6B shape (%d q heads, %d kv heads, head_dim %d), %d layer%s, kernels %s\n",
+           nt > 1 ? "prefill block" : "decode step", NQ, NKV, HD, nl, nl > 1 ? "s" : "", kernels_isa());
+    if (nt > 1) printf("(%d tokens at once, the last %d positions of each ctx)\n", nt, nt);
     printf("| scheme | ctx | threads | ms/step | KV MB read | GB/s | vs f16 |\n|---|---:|---:|---:|---:|---:|---:|\n");
     for (int c = 0; c < nctx; c++) {
         int ctx = ctxs[c];
@@ -160,7 +165,7 @@ int main(int argc, char **argv) {
             double bytes = 0;
             for (int h = 0; h < ns; h++) bytes += (double)sc->bytes(&k[h]) + sc->bytes(&v[h]);
             for (int threads = 1; threads <= 2; threads++) {
-                double t = time_step(k, v, nl, q, out, scr, threads);
+                double t = time_step(k, v, nl, nt, q, out, scr, threads);
                 if (strcmp(sc->name, "f16") == 0) f16_t[threads] = t;
                 printf("| %s | %d | %d | %.3f | %.1f | %.2f | %s", sc->name, ctx, threads, t * 1e3, bytes / 1e6,
                        bytes / t / 1e9, f16_t[threads] > 0 ? "" : "- |\n");
