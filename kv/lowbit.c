@@ -484,6 +484,58 @@ AVX2_INLINE void score_body(const LbFmt *f, const int kind, const int NQ, const 
     }
 }
 
+/* score_body for a vector of one block (nb = 1) without renorm, NQ <= 8
+ * heads at once (KV_MAX_NQ: prefill's whole block): each decoded group of
+ * 8 codes feeds one FMA chain per head, so decoding (shifts and vpermps,
+ * which share an FMA port) costs an eighth of an FMA's port time where
+ * all 8 come; fewer heads take RP = 2 or 4 positions a step, so that
+ * decode's two heads still run 8 chains. Sums go through hsum4_256 trees
+ * (four heads of a position, or four positions of a head: the same tree
+ * per lane) and are multiplied by the block scale. A head's chain over a
+ * position is the same for any NQ and any RP. */
+AVX2_INLINE void score_oct_body(const LbFmt *f, const int kind, const int NQ, const uint8_t *data, int d,
+                                const float *q, int t0, int t1, float *out, int ldo) {
+    const Dec z = dec_init(f, kind);
+    const int RP = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;
+    const size_t vb = (size_t)f->vec_bytes;
+    const __m256 zero = _mm256_setzero_ps();
+    for (int t = t0; t < t1; t += RP) {
+        const int R = t1 - t < RP ? t1 - t : RP;
+        /* positions past R repeat the last one: decoded, not stored */
+        const uint8_t *b[4];
+        for (int r = 0; r < RP; r++) b[r] = data + (size_t)(t + (r < R ? r : R - 1)) * vb;
+        __m256 a[8]; /* position r, head i: a[r * NQ + i] */
+        for (int j = 0; j < RP * NQ; j++) a[j] = zero;
+        for (int g = 0; g < f->n / 8; g++)
+            for (int r = 0; r < RP; r++) {
+                const __m256 k = dec8(kind, &z, b[r] + f->hdr, g);
+                for (int i = 0; i < NQ; i++)
+                    a[r * NQ + i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)i * d + 8 * g), k, a[r * NQ + i]);
+            }
+        float v[4];
+        if (RP == 4) {
+            /* a head's four positions a tree, times their four scales */
+            const __m128 sc = _mm_setr_ps(header_avx2(b[0], f->hdr), header_avx2(b[1], f->hdr),
+                                          header_avx2(b[2], f->hdr), header_avx2(b[3], f->hdr));
+            for (int i = 0; i < NQ; i++) {
+                _mm_storeu_ps(v, _mm_mul_ps(hsum4_256(a[i], a[NQ + i], a[2 * NQ + i], a[3 * NQ + i]), sc));
+                for (int r = 0; r < R; r++) out[(size_t)i * ldo + (t + r - t0)] = v[r];
+            }
+            continue;
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256 *ar = a + r * NQ;
+            const __m128 sc = _mm_set1_ps(header_avx2(b[r], f->hdr));
+            for (int i0 = 0; i0 < NQ; i0 += 4) {
+                const __m128 h = hsum4_256(ar[i0], i0 + 1 < NQ ? ar[i0 + 1] : zero, i0 + 2 < NQ ? ar[i0 + 2] : zero,
+                                           i0 + 3 < NQ ? ar[i0 + 3] : zero);
+                _mm_storeu_ps(v, _mm_mul_ps(h, sc));
+                for (int i = i0; i < NQ && i < i0 + 4; i++) out[(size_t)i * ldo + (t + r - t0)] = v[i - i0];
+            }
+        }
+    }
+}
+
 enum { TILE = 64 }; /* positions per accumulate tile: TILE · 66 B of codes stay in L1 */
 
 /* acc[i][d] += sum_t p[i][t - t0] v_t for NQ <= 4 heads. Positions go in
@@ -538,6 +590,27 @@ AVX2_INLINE void accum_body(const LbFmt *f, const int kind, const int NQ, const 
 AVX2 static void score_avx2(const LbFmt *f, const uint8_t *data, int d, const float *q, int nq, int t0, int t1,
                             float *out, int ldo) {
 #define SCORE(K, R, N) score_body(f, K, N, R, data, d, q, t0, t1, out, ldo)
+    if (f->nb == 1 && !f->renorm) {
+#define OCT(K)                                                                                                      \
+    switch (nq) {                                                                                                   \
+    case 1: score_oct_body(f, K, 1, data, d, q, t0, t1, out, ldo); break;                                           \
+    case 2: score_oct_body(f, K, 2, data, d, q, t0, t1, out, ldo); break;                                           \
+    case 3: score_oct_body(f, K, 3, data, d, q, t0, t1, out, ldo); break;                                           \
+    case 4: score_oct_body(f, K, 4, data, d, q, t0, t1, out, ldo); break;                                           \
+    case 5: score_oct_body(f, K, 5, data, d, q, t0, t1, out, ldo); break;                                           \
+    case 6: score_oct_body(f, K, 6, data, d, q, t0, t1, out, ldo); break;                                           \
+    case 7: score_oct_body(f, K, 7, data, d, q, t0, t1, out, ldo); break;                                           \
+    default: score_oct_body(f, K, 8, data, d, q, t0, t1, out, ldo); break;                                          \
+    }
+        switch (f->kind) {
+        case LB_IDX2: OCT(LB_IDX2); break;
+        case LB_IDX3: OCT(LB_IDX3); break;
+        case LB_IDX4: OCT(LB_IDX4); break;
+        default: OCT(LB_Q4_0); break;
+        }
+#undef OCT
+        return;
+    }
     switch (f->kind) {
     case LB_IDX2: BY_NQ(SCORE, LB_IDX2, 0); break;
     case LB_IDX3: BY_NQ(SCORE, LB_IDX3, 0); break;
@@ -1588,9 +1661,9 @@ static int int_codes(const LbFmt *f) {
 
 /* Heads go in groups of at most 4 (5 -> 3 + 2, 8 -> 4 + 4), or 2 where the
  * float AVX-512 path would give up to two heads score16_one, whose sums run
- * in another order than score16_pos's: so a head's scores never depend on
- * how many heads share the call (KV_MAX_NQ, which prefill's attention
- * blocks rely on). */
+ * in another order than score16_pos's, or 8 where score_oct_body takes
+ * them all: so a head's scores never depend on how many heads share the
+ * call (KV_MAX_NQ, which prefill's attention blocks rely on). */
 void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     const LbFmt *f = s->aux;
     const int wide = kernels_level() > 1 && f->kind == LB_IDX4;
@@ -1598,8 +1671,11 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
         kv_score_ref(s, q, nq, t0, t1, out, ldo);
         return;
     }
+    /* without an integer score here, score_oct_body takes all 8 heads */
+    const int int_score = (kernels_level() >= 3 && (i8_path(s) || w16_path(s)) && int_codes(f)) ||
+                          (kernels_level() == 1 && i8_path(s) && int_codes(f));
     const int one = wide && !(kernels_level() >= 3 && i8_path(s)) && f->nb == 1 && f->n == 128 && !f->renorm,
-              most = one ? 2 : 4;
+              oct = !wide && !int_score && f->nb == 1 && !f->renorm, most = one ? 2 : oct ? 8 : 4;
     for (int i0 = 0, left = (nq + most - 1) / most; i0 < nq; left--) {
         int m = (nq - i0 + left - 1) / left;
         const float *qi = q + (size_t)i0 * s->d;
