@@ -17,8 +17,9 @@
  * polynomial; 2^k applied with vscalefps, which also gives inf at the top.
  * Within 2 ulp of libm's expf on [-87.33, 88], NaN, inf and 0 where libm
  * gives them, and 0 where libm's result would be subnormal (tested).
- * aarch64 runs the same steps on 4 NEON lanes (exp4); other CPUs run the
- * plain C versions (the _ref functions).
+ * AVX2 (exp8) and aarch64 (exp4, 4 NEON lanes) run the same steps, with
+ * 2^k applied as two exact power-of-two products, so all three give the
+ * same bits; other CPUs run the plain C versions (the _ref functions).
  */
 #include "kernels/ops.h"
 #include "kernels/matmul.h"
@@ -93,6 +94,91 @@ float exp_sub_sum_ref(float *x, int n, float m) {
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+/* ---- AVX2: exp16's steps on 8 lanes --------------------------------------- */
+#define AVX2 __attribute__((target("avx2,fma"))) static inline
+
+/* exp16's steps (below); NaN stays NaN (min/max return their second
+ * operand, x, for one), and 2^k is applied as two exact products 2^(k - k/2) 2^(k/2)
+ * (k is in [-150, 128], each half a normal scale), which rounds once, as
+ * vscalefps does; below -87.33 the result is 0, as there. */
+AVX2 __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(89.0f), x));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i ki = _mm256_cvtps_epi32(k), k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23)),
+                 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+    p = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.33f), _CMP_LT_OQ), p);
+}
+
+AVX2 int exp8_run(float *y, const float *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+    return i;
+}
+
+AVX2 void swiglu8(float *a, const float *b, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(a + i), e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(b + i)));
+    }
+    swiglu_ref(a + i, b + i, n - i);
+}
+
+/* max_from16 on 8 lanes: x first, so a NaN in x leaves acc and a NaN
+ * start stays, as in the loop */
+AVX2 float max_from8(const float *x, int n, float m) {
+    __m256 acc = _mm256_set1_ps(m);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_max_ps(_mm256_loadu_ps(x + i), acc);
+    float v[8];
+    _mm256_storeu_ps(v, acc);
+    return max_from_ref(x + i, n - i, max_from_ref(v + 1, 7, v[0]));
+}
+
+AVX2 int argmax8(const float *x, int n) {
+    const float m = max_from8(x, n, -INFINITY);
+    const __m256 mv = _mm256_set1_ps(m);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mv, _CMP_EQ_OQ));
+        if (eq) return i + __builtin_ctz((unsigned)eq);
+    }
+    for (; i < n; i++)
+        if (x[i] == m) return i;
+    return 0;
+}
+
+/* 8 lanes of partial sums, reduced in a fixed tree, then the tail. */
+AVX2 float exp_sub_sum8(float *x, int n, float m) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 mv = _mm256_set1_ps(m);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h) + exp_sub_sum_ref(x + i, n - i, m);
+}
+
+/* ---- AVX-512 -------------------------------------------------------------- */
 #define AVX512 __attribute__((target("avx512f"))) static inline
 
 AVX512 __m512 exp16(__m512 x) {
@@ -127,7 +213,7 @@ AVX512 int exp16_run(float *y, const float *x, int n) {
 }
 
 void exp16_array(float *y, const float *x, int n) {
-    int i = kernels_level() >= 2 ? exp16_run(y, x, n) : 0;
+    int i = kernels_level() >= 2 ? exp16_run(y, x, n) : kernels_level() == 1 ? exp8_run(y, x, n) : 0;
     for (; i < n; i++) y[i] = expf(x[i]);
 }
 
@@ -144,6 +230,7 @@ AVX512 void swiglu16(float *a, const float *b, int n) {
 
 void swiglu(float *a, const float *b, int n) {
     if (kernels_level() >= 2) swiglu16(a, b, n);
+    else if (kernels_level() == 1) swiglu8(a, b, n);
     else swiglu_ref(a, b, n);
 }
 
@@ -157,7 +244,7 @@ AVX512 float max_from16(const float *x, int n, float m) {
 }
 
 float max_from(const float *x, int n, float m) {
-    return kernels_level() >= 2 ? max_from16(x, n, m) : max_from_ref(x, n, m);
+    return kernels_level() >= 2 ? max_from16(x, n, m) : kernels_level() == 1 ? max_from8(x, n, m) : max_from_ref(x, n, m);
 }
 
 /* The largest value (max_from16), then the first lane equal to it: two
@@ -177,7 +264,9 @@ AVX512 int argmax16(const float *x, int n) {
     return 0;
 }
 
-int argmax(const float *x, int n) { return kernels_level() >= 2 ? argmax16(x, n) : argmax_ref(x, n); }
+int argmax(const float *x, int n) {
+    return kernels_level() >= 2 ? argmax16(x, n) : kernels_level() == 1 ? argmax8(x, n) : argmax_ref(x, n);
+}
 
 /* 16 lanes of partial sums, reduced in a fixed tree, then the tail. */
 AVX512 float exp_sub_sum16(float *x, int n, float m) {
@@ -193,7 +282,9 @@ AVX512 float exp_sub_sum16(float *x, int n, float m) {
 }
 
 float exp_sub_sum(float *x, int n, float m) {
-    return kernels_level() >= 2 ? exp_sub_sum16(x, n, m) : exp_sub_sum_ref(x, n, m);
+    return kernels_level() >= 2   ? exp_sub_sum16(x, n, m)
+           : kernels_level() == 1 ? exp_sub_sum8(x, n, m)
+                                  : exp_sub_sum_ref(x, n, m);
 }
 #elif defined(__aarch64__)
 #include <arm_neon.h>

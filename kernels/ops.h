@@ -6,8 +6,9 @@
  * the check for NaN and infinity on the outputs. All
  * f32, all in place where marked. Most are cheap next to the matmuls and
  * stay one plain loop the compiler vectorises. The two that call exp per
- * element (swiglu, exp_sub_sum) have an AVX-512 path with its own exp
- * next to a plain C reference (_ref, libm expf) it is tested against:
+ * element (swiglu, exp_sub_sum) have AVX-512, AVX2 and NEON paths with
+ * their own exp next to a plain C reference (_ref, libm expf) they are
+ * tested against:
  * libm's expf is a call per element, and with it exp is a visible share of
  * a small model's forward and of long-context attention
  * (docs/kernel-notes.md#exp).
@@ -33,7 +34,7 @@ int argmax_ref(const float *x, int n);
 /* x[i] = exp(x[i] - m) for i < n; returns their sum (softmax numerators). */
 float exp_sub_sum(float *x, int n, float m);
 float exp_sub_sum_ref(float *x, int n, float m);
-/* y[n] = exp(x) (for tests of the AVX-512 exp against libm) */
+/* y[n] = exp(x) (for tests of the SIMD exp against libm) */
 void exp16_array(float *y, const float *x, int n);
 /* Index of the first NaN or infinity in x[0..n), or -1 when all are
  * finite: the model checks its outputs with it, so that bad weights end

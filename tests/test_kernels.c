@@ -141,13 +141,17 @@ Test(kernels, half_conversions_round_trip) {
     cr_expect_eq(bf16_to_f32(0x3F80), 1.0f);
 }
 
-/* The SIMD exp (AVX-512's exp16, NEON's exp4) within 2 ulp of libm's expf
- * over its whole useful range (results that are subnormal or zero in libm
- * only need to be tiny, and are never subnormal themselves: see exp16), and
- * swiglu / exp_sub_sum / max_from against their plain references. */
-Test(kernels, exp_matches_libm) {
-    if (kernels_set_isa("avx512") && kernels_set_isa("neon")) return; /* the plain paths are libm itself */
-    enum { N = 200000 };
+/* The SIMD exp (AVX-512's exp16, AVX2's exp8, NEON's exp4) within 2 ulp of
+ * libm's expf over its whole useful range (results that are subnormal or
+ * zero in libm only need to be tiny, and are never subnormal themselves:
+ * see exp16), the same bits on every SIMD level, and swiglu / exp_sub_sum /
+ * max_from against their plain references, at every level the CPU has. */
+enum { EXP_N = 200000 };
+
+/* One level's checks; returns its exp of the grid (the caller frees),
+ * which must equal first's, the grid's exp at the first level checked. */
+static float *check_exp(const char *isa, const float *first) {
+    enum { N = EXP_N };
     float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
     for (int i = 0; i < N; i++) x[i] = -103.9f + (88.6f + 103.9f) * i / (N - 1);
     exp16_array(y, x, N);
@@ -160,8 +164,9 @@ Test(kernels, exp_matches_libm) {
         }
         int32_t a, b;
         memcpy(&a, &r, 4), memcpy(&b, &y[i], 4);
-        cr_expect(abs(a - b) <= 2, "exp(%g): %g vs libm %g (%d ulp)", x[i], y[i], r, abs(a - b));
+        cr_expect(abs(a - b) <= 2, "%s exp(%g): %g vs libm %g (%d ulp)", isa, x[i], y[i], r, abs(a - b));
     }
+    if (first) cr_expect(memcmp(y, first, sizeof(float) * N) == 0, "%s exp differs from the first level's", isa);
     /* the ends: NaN stays NaN, overflow is inf, underflow 0 */
     float sp[16] = {NAN, INFINITY, -INFINITY, 88.8f, 100.0f, -200.0f, 0.0f, -0.0f, 1.0f}, ep[16];
     exp16_array(ep, sp, 16);
@@ -185,7 +190,20 @@ Test(kernels, exp_matches_libm) {
         for (int i = 0; i < n; i++)
             cr_expect(fabsf(s1[i] - s2[i]) <= 3e-7f * s2[i], "exp_sub_sum n=%d i=%d: %g vs %g", n, i, s1[i], s2[i]);
     }
-    free(x), free(y);
+    free(x);
+    return y;
+}
+
+Test(kernels, exp_matches_libm) {
+    static const char *simd[] = {"avx512", "avx2", "neon"}; /* the plain paths are libm itself */
+    float *first = NULL;
+    for (int k = 0; k < 3; k++) {
+        if (kernels_set_isa(simd[k])) continue;
+        float *y = check_exp(simd[k], first);
+        if (first) free(y);
+        else first = y;
+    }
+    free(first);
 }
 
 /* argmax: the first of equal maxima, NaNs skipped (0 when all are NaN),
