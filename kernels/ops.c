@@ -244,7 +244,9 @@ AVX512 float max_from16(const float *x, int n, float m) {
 }
 
 float max_from(const float *x, int n, float m) {
-    return kernels_level() >= 2 ? max_from16(x, n, m) : kernels_level() == 1 ? max_from8(x, n, m) : max_from_ref(x, n, m);
+    return kernels_level() >= 2   ? max_from16(x, n, m)
+           : kernels_level() == 1 ? max_from8(x, n, m)
+                                  : max_from_ref(x, n, m);
 }
 
 /* The largest value (max_from16), then the first lane equal to it: two
