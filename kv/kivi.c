@@ -715,21 +715,25 @@ AVX2 static inline __attribute__((always_inline)) void accum_heads(const KVStrea
         const int n = t1 - ta < KT ? t1 - ta : KT;
         for (int t = 0; t < n; t++) {
             const uint8_t *u = s->data + (size_t)(ta + t) * unit;
-            for (int i = 0; i < NH; i++) {
-                const float w = p[(size_t)i * ldp + (ta + t - t0)];
-                int g = 0;
-                for (; ng % 4 == 0 && g < ng; g += 4) {
-                    const __m128 wv = _mm_set1_ps(w);
-                    const __m128 sg = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(u + 2 * (size_t)g))),
-                                 zg = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(u + 2 * (size_t)(ng + g))));
+            int g = 0;
+            /* four groups' scales and zeros widened once for all heads (the
+             * stores below could alias u for the compiler, so it would not
+             * hoist them) */
+            for (; ng % 4 == 0 && g < ng; g += 4) {
+                const __m128 sg = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(u + 2 * (size_t)g))),
+                             zg = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(u + 2 * (size_t)(ng + g))));
+                for (int i = 0; i < NH; i++) {
+                    const __m128 wv = _mm_set1_ps(p[(size_t)i * ldp + (ta + t - t0)]);
                     _mm_storeu_ps(&W[i][t][g], _mm_mul_ps(wv, sg));
                     _mm_storeu_ps(&zs[i][g], _mm_add_ps(_mm_loadu_ps(&zs[i][g]), _mm_mul_ps(wv, zg)));
                 }
-                for (; g < ng; g++) {
+            }
+            for (; g < ng; g++)
+                for (int i = 0; i < NH; i++) {
+                    const float w = p[(size_t)i * ldp + (ta + t - t0)];
                     W[i][t][g] = w * ld16_f16c(u, g);
                     zs[i][g] += w * ld16_f16c(u, ng + g);
                 }
-            }
         }
         for (int c0 = 0; c0 < d; c0 += 8 * NC) {
             const int g = c0 / G;
