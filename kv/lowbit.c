@@ -842,45 +842,50 @@ static int lb_sum_value(int B, int k, int l) {
     return B == 4 ? 2 * (32 * (c / 2) + b) + n : 4 * b + 2 * (c % 2) + n;
 }
 
-/* One span for NQ <= 2 heads (weights wq[i][0..np)), quarter by quarter,
- * adding the span's sums as floats into S[i][k][l] (sum vector k, lane l). */
+/* One span for NQ <= 4 heads (weights wq[i][0..np)), quarter by quarter,
+ * adding the span's sums as floats into S[i][k][l] (sum vector k, lane l).
+ * Up to two heads take a quarter's two codes of a pair in one pass (8
+ * sums), more heads one code a pass, so that the sums stay 8 registers. */
 AVX2_INLINE void lb_span16_avx2(const int B, const uint8_t *data, int vb, int hdr, const int NQ, int t0, int n,
                                 const int16_t (*wq)[P16_SPAN], const float *inv, __m256i tlo, __m256i thi,
                                 float (*S)[16][8]) {
     const __m256i mask = _mm256_set1_epi8(B == 4 ? 15 : 3);
-    const int np = (n + 1) & ~1;
-    for (int c = 0; c < 4; c++) {
-        const int off = B == 4 ? 32 * (c / 2) : 0, e = B == 4 ? c % 2 : c / 2, sh = B == 4 ? 0 : 4 * (c % 2);
-        __m256i a[2][4];
-        for (int i = 0; i < NQ; i++)
-            for (int k = 0; k < 4; k++) a[i][k] = _mm256_setzero_si256();
-        for (int t = 0; t < np; t += 2) {
-            const uint8_t *qt = data + (size_t)(t0 + t) * (size_t)vb + hdr + off;
-            /* an odd span's last pair repeats t, whose weight pads to 0 */
-            const uint8_t *qu = t + 1 < n ? qt + vb : qt;
-            if (c == 0) lb_prefetch(data, vb, t0 + t + LB_AHEAD, 2);
-            const __m256i ct = _mm256_loadu_si256((const __m256i *)qt), cu = _mm256_loadu_si256((const __m256i *)qu);
-            const __m256i pr = e ? _mm256_unpackhi_epi8(ct, cu) : _mm256_unpacklo_epi8(ct, cu);
-            const __m256i il = _mm256_and_si256(_mm256_srli_epi16(pr, sh), mask),
-                          ih = _mm256_and_si256(_mm256_srli_epi16(pr, sh + B), mask);
-            const __m256i ll = _mm256_shuffle_epi8(tlo, il), lh = _mm256_shuffle_epi8(thi, il),
-                          hl = _mm256_shuffle_epi8(tlo, ih), hh = _mm256_shuffle_epi8(thi, ih);
-            const __m256i x[4] = {_mm256_unpacklo_epi8(ll, lh), _mm256_unpackhi_epi8(ll, lh),
-                                  _mm256_unpacklo_epi8(hl, hh), _mm256_unpackhi_epi8(hl, hh)};
-            for (int i = 0; i < NQ; i++) {
-                int32_t pair;
-                memcpy(&pair, &wq[i][t], 4);
-                const __m256i w = _mm256_set1_epi32(pair);
-                for (int k = 0; k < 4; k++) a[i][k] = _mm256_add_epi32(a[i][k], _mm256_madd_epi16(x[k], w));
+    const int np = (n + 1) & ~1, HS = NQ <= 2 ? 2 : 1;
+    for (int c = 0; c < 4; c++)
+        for (int h0 = 0; h0 < 2; h0 += HS) {
+            const int off = B == 4 ? 32 * (c / 2) : 0, e = B == 4 ? c % 2 : c / 2, sh = B == 4 ? 0 : 4 * (c % 2);
+            __m256i a[4][4];
+            for (int i = 0; i < NQ; i++)
+                for (int k = 0; k < 2 * HS; k++) a[i][k] = _mm256_setzero_si256();
+            for (int t = 0; t < np; t += 2) {
+                const uint8_t *qt = data + (size_t)(t0 + t) * (size_t)vb + hdr + off;
+                /* an odd span's last pair repeats t, whose weight pads to 0 */
+                const uint8_t *qu = t + 1 < n ? qt + vb : qt;
+                if (c == 0 && h0 == 0) lb_prefetch(data, vb, t0 + t + LB_AHEAD, 2);
+                const __m256i ct = _mm256_loadu_si256((const __m256i *)qt);
+                const __m256i cu = _mm256_loadu_si256((const __m256i *)qu);
+                const __m256i pr = e ? _mm256_unpackhi_epi8(ct, cu) : _mm256_unpacklo_epi8(ct, cu);
+                __m256i x[4];
+                for (int h = 0; h < HS; h++) {
+                    const __m256i ix = _mm256_and_si256(_mm256_srli_epi16(pr, sh + (h0 + h) * B), mask);
+                    const __m256i lo = _mm256_shuffle_epi8(tlo, ix), hi = _mm256_shuffle_epi8(thi, ix);
+                    x[2 * h] = _mm256_unpacklo_epi8(lo, hi);
+                    x[2 * h + 1] = _mm256_unpackhi_epi8(lo, hi);
+                }
+                for (int i = 0; i < NQ; i++) {
+                    int32_t pair;
+                    memcpy(&pair, &wq[i][t], 4);
+                    const __m256i w = _mm256_set1_epi32(pair);
+                    for (int k = 0; k < 2 * HS; k++) a[i][k] = _mm256_add_epi32(a[i][k], _mm256_madd_epi16(x[k], w));
+                }
             }
+            for (int i = 0; i < NQ; i++)
+                for (int k = 0; k < 2 * HS; k++) {
+                    float *sk = S[i][4 * c + 2 * h0 + k];
+                    _mm256_storeu_ps(sk, _mm256_add_ps(_mm256_loadu_ps(sk), _mm256_mul_ps(_mm256_cvtepi32_ps(a[i][k]),
+                                                                                          _mm256_set1_ps(inv[i]))));
+                }
         }
-        for (int i = 0; i < NQ; i++)
-            for (int k = 0; k < 4; k++) {
-                float *sk = S[i][4 * c + k];
-                _mm256_storeu_ps(sk, _mm256_add_ps(_mm256_loadu_ps(sk), _mm256_mul_ps(_mm256_cvtepi32_ps(a[i][k]),
-                                                                                      _mm256_set1_ps(inv[i]))));
-            }
-    }
 }
 
 /* acc += Σ p v in integers for nq <= KV_MAX_NQ heads, added only once all
@@ -916,21 +921,26 @@ AVX2 static int accum_i16_avx2(const KVStream *s, const float *p, int ldp, int n
             }
             sc[t] = g * f->cb16_d;
         }
-        for (int i0 = 0; i0 < nq; i0 += 2) {
-            const int NH = nq - i0 < 2 ? nq - i0 : 2;
-            float wf[1][P16_SPAN], inv[2];
-            int16_t wq[2][P16_SPAN];
+        for (int i0 = 0; i0 < nq; i0 += 4) {
+            const int NH = nq - i0 < 4 ? nq - i0 : 4;
+            float wf[1][P16_SPAN], inv[4];
+            int16_t wq[4][P16_SPAN];
             for (int i = 0; i < NH; i++) {
                 const float *pi = p + (size_t)(i0 + i) * ldp + (ta - t0);
                 for (int t = 0; t < P16_SPAN; t++) wf[0][t] = t < n ? pi[t] * sc[t] : 0;
                 if (p16_round_avx2((const float (*)[P16_SPAN])wf, 1, np, &wq[i], &inv[i])) return -1;
             }
-            if (f->kind == LB_IDX2)
-                NH == 2 ? lb_span16_avx2(2, s->data, f->vec_bytes, f->hdr, 2, ta, n, wq, inv, tlo, thi, S + i0)
-                        : lb_span16_avx2(2, s->data, f->vec_bytes, f->hdr, 1, ta, n, wq, inv, tlo, thi, S + i0);
-            else
-                NH == 2 ? lb_span16_avx2(4, s->data, f->vec_bytes, f->hdr, 2, ta, n, wq, inv, tlo, thi, S + i0)
-                        : lb_span16_avx2(4, s->data, f->vec_bytes, f->hdr, 1, ta, n, wq, inv, tlo, thi, S + i0);
+#define SPAN(B, N) lb_span16_avx2(B, s->data, f->vec_bytes, f->hdr, N, ta, n, wq, inv, tlo, thi, S + i0)
+#define SPANS(B)                                                                                                    \
+    switch (NH) {                                                                                                   \
+    case 1: SPAN(B, 1); break;                                                                                      \
+    case 2: SPAN(B, 2); break;                                                                                      \
+    case 3: SPAN(B, 3); break;                                                                                      \
+    default: SPAN(B, 4); break;                                                                                     \
+    }
+            if (f->kind == LB_IDX2) SPANS(2) else SPANS(4)
+#undef SPANS
+#undef SPAN
         }
     }
     for (int i = 0; i < nq; i++)
