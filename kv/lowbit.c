@@ -28,10 +28,10 @@
  * nibbles are integers and are converted. Decoded values feed one FMA per
  * query head, so a group of up to 4 heads shares every decode (8, a
  * prefill block's, for the scores of one-block vectors: score_oct_body);
- * wider groups are split. Block scales are applied once per block (score) or folded into
- * the softmax weights (accumulate). At d = 128, score + accumulate over
- * 4-bit codes cost less than f16's on AVX-512 and about as much on AVX2
- * (docs/kernel-notes.md#lowbit-cost).
+ * wider groups are split. Block scales are applied once per block (score)
+ * or folded into the softmax weights (accumulate). At d = 128, score +
+ * accumulate over 4-bit codes cost less than f16's on AVX-512 and about
+ * as much on AVX2 (docs/kernel-notes.md#lowbit-cost).
  */
 #include "kv/lowbit.h"
 #include "kernels/half.h"
