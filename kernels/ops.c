@@ -98,9 +98,10 @@ float exp_sub_sum_ref(float *x, int n, float m) {
 #define AVX2 __attribute__((target("avx2,fma"))) static inline
 
 /* exp16's steps (below); NaN stays NaN (min/max return their second
- * operand, x, for one), and 2^k is applied as two exact products 2^(k - k/2) 2^(k/2)
- * (k is in [-150, 128], each half a normal scale), which rounds once, as
- * vscalefps does; below -87.33 the result is 0, as there. */
+ * operand, x, for one), and 2^k is applied as two exact products
+ * 2^(k - k/2) 2^(k/2) (k is in [-150, 128], each half a normal scale),
+ * which rounds once, as vscalefps does; below -87.33 the result is 0, as
+ * there. */
 AVX2 __m256 exp8(__m256 x) {
     x = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(89.0f), x));
     const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
