@@ -109,6 +109,8 @@ Test(tools, bad_arguments_exit_2_with_one_line) {
         {"bench_attn", "8192abc", "usage: bench_attn"},
         {"bench_attn", "--layers 3x 1024", "usage: bench_attn"},
         {"bench_attn", "--kv q8,nope 1024", "--kv: no scheme 'nope'"},
+        {"bench_attn", "--tokens 5 1024", "usage: bench_attn"},
+        {"bench_attn", "--tokens 4 2", "ctx 2: expected at least --tokens (4)"},
         {"bench_serve", "", "usage: bench_serve"},
         {"bench_serve", "m --tokens", "usage: bench_serve"},
         {"bench_serve", "m --tokens 0", "--tokens: expected a whole number >= 1, found '0'"},

@@ -119,6 +119,13 @@ int main(int argc, char **argv) {
             return usage();
     }
     if (!nctx) nctx = 3;
+    /* a block of nt tokens needs nt cached positions: they are its own */
+    for (int i = 0; i < nctx; i++)
+        if (ctxs[i] < nt) {
+            fprintf(stderr, "bench_attn: ctx %d: expected at least --tokens (%d), the block's own positions\n",
+                    ctxs[i], nt);
+            return 2;
+        }
     int maxctx = 0;
     for (int i = 0; i < nctx; i++) maxctx = ctxs[i] > maxctx ? ctxs[i] : maxctx;
     /* the same random K, V and q for every scheme */
