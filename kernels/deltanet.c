@@ -1,5 +1,5 @@
-/* deltanet.c: the gated delta rule (deltanet.h) in plain C, AVX-512 and
- * NEON.
+/* deltanet.c: the gated delta rule (deltanet.h) in plain C, AVX-512, AVX2
+ * and NEON.
  *
  * Work per token and value head: two passes over S [dk, dv], the first for
  * u = alpha S^T k, the second for S <- alpha S + k delta^T and o = S^T q,
@@ -104,8 +104,84 @@ __attribute__((target("avx512f"))) static void deltanet_cols16(float *S, const D
     }
 }
 
+/* The same recurrence in AVX2 over NB blocks of 8 columns from e0, in one
+ * pass over S per token where tile16 takes two: the pass that writes
+ * token t's S also sums token t+1's u = S^T k_{t+1} from the rows it has
+ * just written, into even and odd sums in the same row order as a pass of
+ * its own, so the bits are tile16's. d, the o sums and the next u sums
+ * hold 5 NB of the 16 registers. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void tile8(float *S, const DeltaRule *a, int e0,
+                                                                            const int NB) {
+    const int dk = a->dk, dv = a->dv;
+    __m256 u0[2], u1[2], o0[2], o1[2], d[2];
+    /* token 0's u over S as it comes in */
+    for (int b = 0; b < NB; b++) u0[b] = u1[b] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 1 < dk; i += 2) {
+        const float *r0 = S + (size_t)i * dv + e0, *r1 = r0 + dv;
+        const __m256 k0 = _mm256_broadcast_ss(a->k + i), k1 = _mm256_broadcast_ss(a->k + i + 1);
+        for (int b = 0; b < NB; b++) {
+            u0[b] = _mm256_fmadd_ps(_mm256_loadu_ps(r0 + 8 * b), k0, u0[b]);
+            u1[b] = _mm256_fmadd_ps(_mm256_loadu_ps(r1 + 8 * b), k1, u1[b]);
+        }
+    }
+    if (i < dk)
+        for (int b = 0; b < NB; b++)
+            u0[b] = _mm256_fmadd_ps(_mm256_loadu_ps(S + (size_t)i * dv + e0 + 8 * b), _mm256_broadcast_ss(a->k + i), u0[b]);
+    for (int t = 0; t < a->n; t++) {
+        const float *q = a->q + (size_t)t * a->ld_qk, *k = a->k + (size_t)t * a->ld_qk;
+        const float *v = a->v + (size_t)t * a->ld_v + e0;
+        /* the next token's k, or this one's when there is none (its sums are then dropped) */
+        const float *kn = t + 1 < a->n ? k + a->ld_qk : k;
+        const __m256 va = _mm256_set1_ps(a->alpha[(size_t)t * a->ld_ab]);
+        const __m256 vb = _mm256_set1_ps(a->beta[(size_t)t * a->ld_ab]);
+        /* delta = beta (v - alpha u) */
+        for (int b = 0; b < NB; b++) {
+            const __m256 u = _mm256_mul_ps(va, _mm256_add_ps(u0[b], u1[b]));
+            d[b] = _mm256_mul_ps(vb, _mm256_sub_ps(_mm256_loadu_ps(v + 8 * b), u));
+            o0[b] = o1[b] = u0[b] = u1[b] = _mm256_setzero_ps();
+        }
+        /* S <- alpha S + k delta^T; o = S^T q and the next u = S^T kn over the new S */
+        for (i = 0; i + 1 < dk; i += 2) {
+            float *r0 = S + (size_t)i * dv + e0, *r1 = r0 + dv;
+            const __m256 k0 = _mm256_broadcast_ss(k + i), k1 = _mm256_broadcast_ss(k + i + 1);
+            const __m256 q0 = _mm256_broadcast_ss(q + i), q1 = _mm256_broadcast_ss(q + i + 1);
+            const __m256 n0 = _mm256_broadcast_ss(kn + i), n1 = _mm256_broadcast_ss(kn + i + 1);
+            for (int b = 0; b < NB; b++) {
+                const __m256 x0 = _mm256_fmadd_ps(_mm256_loadu_ps(r0 + 8 * b), va, _mm256_mul_ps(k0, d[b]));
+                _mm256_storeu_ps(r0 + 8 * b, x0);
+                o0[b] = _mm256_fmadd_ps(x0, q0, o0[b]);
+                u0[b] = _mm256_fmadd_ps(x0, n0, u0[b]);
+                const __m256 x1 = _mm256_fmadd_ps(_mm256_loadu_ps(r1 + 8 * b), va, _mm256_mul_ps(k1, d[b]));
+                _mm256_storeu_ps(r1 + 8 * b, x1);
+                o1[b] = _mm256_fmadd_ps(x1, q1, o1[b]);
+                u1[b] = _mm256_fmadd_ps(x1, n1, u1[b]);
+            }
+        }
+        if (i < dk) {
+            float *r = S + (size_t)i * dv + e0;
+            const __m256 kb = _mm256_broadcast_ss(k + i), qb = _mm256_broadcast_ss(q + i), nb = _mm256_broadcast_ss(kn + i);
+            for (int b = 0; b < NB; b++) {
+                const __m256 x = _mm256_fmadd_ps(_mm256_loadu_ps(r + 8 * b), va, _mm256_mul_ps(kb, d[b]));
+                _mm256_storeu_ps(r + 8 * b, x);
+                o0[b] = _mm256_fmadd_ps(x, qb, o0[b]);
+                u0[b] = _mm256_fmadd_ps(x, nb, u0[b]);
+            }
+        }
+        float *o = a->o + (size_t)t * a->ld_o + e0;
+        for (int b = 0; b < NB; b++) _mm256_storeu_ps(o + 8 * b, _mm256_add_ps(o0[b], o1[b]));
+    }
+}
+
+/* Tiles of 16 columns (8 KB of S at dk = 128), then one of 8. */
+__attribute__((target("avx2,fma"))) static void deltanet_cols8(float *S, const DeltaRule *a, int e0, int e1) {
+    for (; e1 - e0 >= 16; e0 += 16) tile8(S, a, e0, 2);
+    if (e1 > e0) tile8(S, a, e0, 1);
+}
+
 void deltanet_cols(float *S, const DeltaRule *a, int e0, int e1) {
     if (kernels_level() >= 2 && (e1 - e0) % 16 == 0) deltanet_cols16(S, a, e0, e1);
+    else if (kernels_level() >= 1 && (e1 - e0) % 8 == 0) deltanet_cols8(S, a, e0, e1);
     else deltanet_cols_ref(S, a, e0, e1);
 }
 #elif defined(__aarch64__)

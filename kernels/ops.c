@@ -54,6 +54,10 @@ void swiglu_ref(float *a, const float *b, int n) {
     for (int i = 0; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
 }
 
+void silu_ref(float *a, int n) {
+    for (int i = 0; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i]));
+}
+
 float max_from_ref(const float *x, int n, float m) {
     for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
@@ -137,6 +141,16 @@ AVX2 void swiglu8(float *a, const float *b, int n) {
         _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(b + i)));
     }
     swiglu_ref(a + i, b + i, n - i);
+}
+
+AVX2 void silu8(float *a, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(a + i), e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(a + i, _mm256_div_ps(g, _mm256_add_ps(one, e)));
+    }
+    silu_ref(a + i, n - i);
 }
 
 /* max_from16 on 8 lanes: x first, so a NaN in x leaves acc and a NaN
@@ -233,6 +247,22 @@ void swiglu(float *a, const float *b, int n) {
     if (kernels_level() >= 2) swiglu16(a, b, n);
     else if (kernels_level() == 1) swiglu8(a, b, n);
     else swiglu_ref(a, b, n);
+}
+
+AVX512 void silu16(float *a, int n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 g = _mm512_loadu_ps(a + i), e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        _mm512_storeu_ps(a + i, _mm512_div_ps(g, _mm512_add_ps(one, e)));
+    }
+    silu_ref(a + i, n - i);
+}
+
+void silu(float *a, int n) {
+    if (kernels_level() >= 2) silu16(a, n);
+    else if (kernels_level() == 1) silu8(a, n);
+    else silu_ref(a, n);
 }
 
 /* 16 running maxima, then the largest of them: the same value as the
@@ -332,6 +362,16 @@ void swiglu(float *a, const float *b, int n) {
     swiglu_ref(a + i, b + i, n - i);
 }
 
+void silu(float *a, int n) {
+    int i = 0;
+    if (kernels_level() > 0)
+        for (; i + 4 <= n; i += 4) {
+            const float32x4_t g = vld1q_f32(a + i), e = exp4(vnegq_f32(g));
+            vst1q_f32(a + i, vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), e)));
+        }
+    silu_ref(a + i, n - i);
+}
+
 /* 4 running maxima (fmaxnm skips NaNs in x as the loop does), then the
  * largest of them: max is exact, so the same value as the sequential loop. */
 static float max_from4(const float *x, int n, float m) {
@@ -381,6 +421,7 @@ void exp16_array(float *y, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] = expf(x[i]);
 }
 void swiglu(float *a, const float *b, int n) { swiglu_ref(a, b, n); }
+void silu(float *a, int n) { silu_ref(a, n); }
 float max_from(const float *x, int n, float m) { return max_from_ref(x, n, m); }
 int argmax(const float *x, int n) { return argmax_ref(x, n); }
 float exp_sub_sum(float *x, int n, float m) { return exp_sub_sum_ref(x, n, m); }

@@ -24,6 +24,9 @@ void rope(float *x, const float *cs, const float *sn, int d);
 /* a[n] = silu(a) * b */
 void swiglu(float *a, const float *b, int n);
 void swiglu_ref(float *a, const float *b, int n);
+/* a[n] = silu(a) = a / (1 + exp(-a)) (Gated DeltaNet's conv output) */
+void silu(float *a, int n);
+void silu_ref(float *a, int n);
 /* The largest of m and x[0..n) (attention's running maximum). */
 float max_from(const float *x, int n, float m);
 float max_from_ref(const float *x, int n, float m);

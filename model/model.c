@@ -794,9 +794,12 @@ static void gated_norm(const Model *m, const Layer *L, float *y, const float *z0
     for (int tj = 0; tj < n * hv; tj++) {
         float *o = y + (size_t)tj * dv, ss = 0;
         const float *z = z0 + (size_t)tj * dv;
+        float g[1024]; /* dv <= 1024 (config.c): silu(z) * the normed o, then back into o */
         for (int e = 0; e < dv; e++) ss += o[e] * o[e];
         const float inv = 1.0f / sqrtf(ss / dv + eps);
-        for (int e = 0; e < dv; e++) o[e] = L->gnorm[e] * (o[e] * inv) * (z[e] / (1.0f + expf(-z[e])));
+        for (int e = 0; e < dv; e++) o[e] = L->gnorm[e] * (o[e] * inv), g[e] = z[e];
+        swiglu(g, o, dv);
+        memcpy(o, g, (size_t)dv * sizeof(float));
     }
 }
 
@@ -842,15 +845,15 @@ static void gdn_conv(const Model *m, const Layer *L, float *win, float *mix, int
                    (size_t)w * sizeof(float));
         }
         for (int t = n - 1; t >= 0; t--) {
-            float *x = mix + (size_t)t * conv_dim + c0;
-            for (int ch = 0; ch < w; ch++) {
-                float acc = 0;
-                for (int j = 0; j < K; j++) {
-                    const int tau = t - (K - 1) + j;
-                    acc += tap[j][ch] * (tau >= 0 ? mix[(size_t)tau * conv_dim + c0 + ch] : old[tau + K - 1][ch]);
-                }
-                x[ch] = acc / (1.0f + expf(-acc));
+            float *x = mix + (size_t)t * conv_dim + c0, acc[CONV_CH];
+            for (int ch = 0; ch < w; ch++) acc[ch] = 0;
+            for (int j = 0; j < K; j++) {
+                const int tau = t - (K - 1) + j;
+                const float *in = tau >= 0 ? mix + (size_t)tau * conv_dim + c0 : old[tau + K - 1];
+                for (int ch = 0; ch < w; ch++) acc[ch] += tap[j][ch] * in[ch];
             }
+            memcpy(x, acc, (size_t)w * sizeof(float));
+            silu(x, w);
         }
     }
 }

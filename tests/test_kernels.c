@@ -182,6 +182,11 @@ static float *check_exp(const char *isa, const float *first) {
         swiglu_ref(a2, b, n);
         for (int i = 0; i < n; i++)
             cr_expect(fabsf(a[i] - a2[i]) <= 1e-6f * (1 + fabsf(a2[i])), "swiglu n=%d i=%d: %g vs %g", n, i, a[i], a2[i]);
+        for (int i = 0; i < n; i++) a[i] = a2[i] = 16 * frand() - 8;
+        silu(a, n);
+        silu_ref(a2, n);
+        for (int i = 0; i < n; i++)
+            cr_expect(fabsf(a[i] - a2[i]) <= 1e-6f * (1 + fabsf(a2[i])), "silu n=%d i=%d: %g vs %g", n, i, a[i], a2[i]);
         cr_expect(max_from(s1, n, -1.0f) == max_from_ref(s2, n, -1.0f), "max_from n=%d", n);
         cr_expect(max_from(s1, n, 20.0f) == 20.0f, "max_from n=%d keeps a larger start", n);
         cr_expect(isnan(max_from(s1, n, NAN)), "max_from n=%d keeps a NaN start, as the loop does", n);
