@@ -15,9 +15,10 @@
  * per forward, the plain C butterfly is a visible share of a tbq4 forward
  * (docs/kernel-notes.md#hadamard). So 128-point blocks take an AVX-512 path
  * where the CPU has it: the block as 8 vectors of 16, stages h = 16, 32, 64
- * between vectors and h = 1..8 inside each with a lane shuffle. It does the
- * same adds in the same pairs as had_fwht, so its results are bit-identical
- * to the plain C block (tested). aarch64 has the same in NEON for every
+ * between vectors and h = 1..8 inside each with a lane shuffle (AVX2: 16
+ * vectors of 8, h = 1..4 inside). It does the same adds in the same pairs
+ * as had_fwht, so its results are bit-identical to the plain C block
+ * (tested). aarch64 has the same in NEON for every
  * block size (4-lane vectors, stages 1 and 2 inside them); other CPUs run
  * the plain C block.
  */
@@ -118,12 +119,50 @@ AVX512 void block128(const float *x, float *y, int pre, int post) {
     }
 }
 
+/* Lanes 8v..8v+7 of sign vector which as -0.0f where negative, 0 elsewhere
+ * (which = 0: none): the mask's byte broadcast, each lane testing its bit. */
+__attribute__((target("avx2"))) static inline __m256 sign_bits8(int which, int v) {
+    if (!which) return _mm256_setzero_ps();
+    const uint32_t *m = which == 1 ? s1_mask : s2_mask;
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i b = _mm256_and_si256(_mm256_set1_epi32((int)((m[v / 4] >> (8 * (v % 4))) & 0xFF)), bit);
+    return _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(b, bit)), _mm256_set1_ps(-0.0f));
+}
+
+/* block128 on 8 lanes, the same bits: stages 1, 2 and 4 inside each of
+ * the 16 vectors (the lanes swapped by permute_ps or across the 128-bit
+ * halves; lanes with bit h set take sw - v = a - b), then stages 8..64
+ * between vectors, in the reference's stage order. */
+__attribute__((target("avx2"))) static void block128_avx2(const float *x, float *y, int pre, int post) {
+    const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(128.0f));
+    __m256 v[16];
+    for (int i = 0; i < 16; i++) {
+        v[i] = _mm256_xor_ps(_mm256_loadu_ps(x + 8 * i), sign_bits8(pre, i));
+        __m256 sw = _mm256_permute_ps(v[i], 0xB1);
+        v[i] = _mm256_blend_ps(_mm256_add_ps(v[i], sw), _mm256_sub_ps(sw, v[i]), 0xAA);
+        sw = _mm256_permute_ps(v[i], 0x4E);
+        v[i] = _mm256_blend_ps(_mm256_add_ps(v[i], sw), _mm256_sub_ps(sw, v[i]), 0xCC);
+        sw = _mm256_permute2f128_ps(v[i], v[i], 0x01);
+        v[i] = _mm256_blend_ps(_mm256_add_ps(v[i], sw), _mm256_sub_ps(sw, v[i]), 0xF0);
+    }
+    for (int h = 1; h < 16; h *= 2)
+        for (int i = 0; i < 16; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const __m256 a = v[j], b = v[j + h];
+                v[j] = _mm256_add_ps(a, b);
+                v[j + h] = _mm256_sub_ps(a, b);
+            }
+    for (int i = 0; i < 16; i++)
+        _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(_mm256_xor_ps(v[i], sign_bits8(post, i)), inv));
+}
+
 /* Blocks are independent; t[] inside block_ref makes y == x safe, and
  * block128 reads its block before writing it. */
 static void blocks(const float *x, float *y, int d, int pre, int post) {
-    const int n = had_block(d), fast = n == 128 && kernels_level() >= 2;
+    const int n = had_block(d), level = n == 128 ? kernels_level() : 0;
     for (int b = 0; b < d; b += n) {
-        if (fast) block128(x + b, y + b, pre, post);
+        if (level >= 2) block128(x + b, y + b, pre, post);
+        else if (level == 1) block128_avx2(x + b, y + b, pre, post);
         else block_ref(x + b, y + b, n, pre, post);
     }
 }

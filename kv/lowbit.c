@@ -343,10 +343,21 @@ __attribute__((target("avx512f"))) static void nearest16(const float *mid, int k
     _mm512_storeu_si512(idx, c);
 }
 
+/* nearest16 on 8 lanes: an all-ones compare subtracted adds 1. */
+__attribute__((target("avx2"))) static void nearest8(const float *mid, int k, const float *y, int *idx) {
+    const __m256 v = _mm256_loadu_ps(y);
+    __m256i c = _mm256_setzero_si256();
+    for (int m = 0; m < k - 1; m++)
+        c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_set1_ps(mid[m]), _CMP_GT_OQ)));
+    _mm256_storeu_si256((__m256i *)idx, c);
+}
+
 static int nearest_fast(const float *mid, int k, const float *y, int n, int *idx) {
     int j0 = 0;
     if (kernels_level() >= 2)
         for (; j0 + 16 <= n; j0 += 16) nearest16(mid, k, y + j0, idx + j0);
+    else if (kernels_level() == 1)
+        for (; j0 + 8 <= n; j0 += 8) nearest8(mid, k, y + j0, idx + j0);
     return j0;
 }
 

@@ -86,7 +86,7 @@ static void quantize_block(BlockQ4 *b, const float *x) {
     }
 }
 
-/* quantize_block in 4 lanes (aarch64; below): the same bytes. */
+/* quantize_block in 8 lanes (AVX2) or 4 (NEON; below): the same bytes. */
 static void quantize_block_fast(BlockQ4 *b, const float *x);
 
 static void q4_append(KVStream *s, const float *x) {
@@ -570,7 +570,43 @@ void q4_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
     else score_c(s, q, nq, t0, t1, out, ldo);
 }
 
-static void quantize_block_fast(BlockQ4 *b, const float *x) { quantize_block(b, x); }
+/* quantize_block in 8 lanes: the largest |x| is exact in any order (max_ps
+ * returns its second operand when the first is NaN, so a NaN is skipped as
+ * the comparison skips it); its first holder, the scale, the clamp (max
+ * with 0 first, which turns a NaN into 0 as fmaxf does) and the truncating
+ * conversion then follow quantize_block: the same bytes. */
+__attribute__((target("avx2,fma"))) static void quantize_block_avx2(BlockQ4 *b, const float *x) {
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < QK; j += 8) m = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + j)), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+    float max = 0;
+    for (int j = 0; amax > 0 && j < QK; j++)
+        if (fabsf(x[j]) == amax) {
+            max = x[j];
+            break;
+        }
+    const float d = max / -8, id = d ? 1.0f / d : 0.0f;
+    b->d = f32_to_f16(d);
+    /* codes of elements 8g..8g+7 as int32, then 16-bit rows 0-15 (low
+     * nibbles) and 16-31 (high), packs_epi32 interleaving 128-bit lanes */
+    __m256i c[4];
+    for (int g = 0; g < 4; g++) {
+        const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * g), _mm256_set1_ps(id)), _mm256_set1_ps(8.5f));
+        c[g] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(y, _mm256_setzero_ps()), _mm256_set1_ps(15.0f)));
+    }
+    const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(c[0], c[1]), 0xD8),
+                  hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(c[2], c[3]), 0xD8),
+                  v = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    _mm_storeu_si128((__m128i *)b->qs,
+                     _mm_packus_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+static void quantize_block_fast(BlockQ4 *b, const float *x) {
+    if (kernels_level() > 0) quantize_block_avx2(b, x);
+    else quantize_block(b, x);
+}
 
 void q4_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     if (kernels_level() >= 2 && s->d % 128 == 0) accum512(s, p, ldp, nq, t0, t1, acc);

@@ -78,7 +78,7 @@ Test(kv_rotated, fwht_orthonormal_and_inverse) {
     }
 }
 
-/* The SIMD blocks (AVX-512 at n = 128, NEON at every n) do had_fwht's adds
+/* The SIMD blocks (AVX-512 and AVX2 at n = 128, NEON at every n) do had_fwht's adds
  * in its pairs: the same bits as the plain C block, signs and scale too. */
 Test(kv_rotated, rotation_same_bits_on_every_isa) {
     for (size_t di = 0; di < sizeof rot_dims / sizeof rot_dims[0]; di++) {
