@@ -175,17 +175,25 @@ __attribute__((target("avx512f"))) static void rot_rows512(const float *a, const
     }
 }
 
-/* 32 columns a pass: four sums in flight hide the add's latency */
-__attribute__((target("avx2"))) static void rot_rows256(const float *a, const float *m, int n, float *t) {
-    for (int j = 0; j < n; j += 32) {
-        __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int i = 0; i < n; i++) {
-            const __m256 ai = _mm256_set1_ps(a[i]);
-            for (int k = 0; k < 4; k++)
-                s[k] = _mm256_add_ps(s[k], _mm256_mul_ps(ai, _mm256_loadu_ps(m + (size_t)i * n + j + 8 * k)));
-        }
-        for (int k = 0; k < 4; k++) _mm256_storeu_ps(t + j + 8 * k, s[k]);
+/* NS x 8 columns from j, each column's sum in the reference's order */
+__attribute__((target("avx2"), always_inline)) static inline void rot_cols256(const float *a, const float *m, int n,
+                                                                              float *t, int j, const int NS) {
+    __m256 s[8];
+    for (int k = 0; k < NS; k++) s[k] = _mm256_setzero_ps();
+    for (int i = 0; i < n; i++) {
+        const __m256 ai = _mm256_set1_ps(a[i]);
+        for (int k = 0; k < NS; k++)
+            s[k] = _mm256_add_ps(s[k], _mm256_mul_ps(ai, _mm256_loadu_ps(m + (size_t)i * n + j + 8 * k)));
     }
+    for (int k = 0; k < NS; k++) _mm256_storeu_ps(t + j + 8 * k, s[k]);
+}
+
+/* 64 columns a pass (32 when n is 32): eight sums in flight hide the
+ * add's latency, which four did not (docs/kernel-notes.md#avx2-appends) */
+__attribute__((target("avx2"))) static void rot_rows256(const float *a, const float *m, int n, float *t) {
+    if (n == 32) rot_cols256(a, m, n, t, 0, 4);
+    else
+        for (int j = 0; j < n; j += 64) rot_cols256(a, m, n, t, j, 8);
 }
 #endif
 
