@@ -91,20 +91,20 @@ float lb_encode(const LbFmt *f, const float *y, uint8_t *qs) {
     int idx[KV_MAX_DIM];
     const int j0 = nearest_fast(f->mid, k, y, f->n, idx);
     for (int j = j0; j < f->n; j++) idx[j] = lm_nearest(f->mid, k, y[j]);
-    memset(qs, 0, (size_t)(f->n * bits / 8));
-    for (int j = 0; j < f->n; j++) {
-        int i = idx[j];
-        nn += f->cb[i] * f->cb[i];
-        if (bits == 4) qs[j >> 1] |= (uint8_t)(i << ((j & 1) * 4));
-        else if (bits == 2) qs[j >> 2] |= (uint8_t)(i << ((j & 3) * 2));
-        else {
-            /* bit 3k of a little-endian 24-bit word: byte (3k)/8, shift (3k)%8 */
-            int bit = 3 * (j % 8), at = 3 * (j / 8) + bit / 8;
-            uint32_t v = (uint32_t)i << (bit % 8);
-            qs[at] |= (uint8_t)v;
-            if (v >> 8) qs[at + 1] |= (uint8_t)(v >> 8);
+    for (int j = 0; j < f->n; j++) nn += f->cb[idx[j]] * f->cb[idx[j]];
+    /* n is a multiple of 8: whole bytes for every width */
+    if (bits == 4)
+        for (int j = 0; j < f->n; j += 2) qs[j >> 1] = (uint8_t)(idx[j] | idx[j + 1] << 4);
+    else if (bits == 2)
+        for (int j = 0; j < f->n; j += 4)
+            qs[j >> 2] = (uint8_t)(idx[j] | idx[j + 1] << 2 | idx[j + 2] << 4 | idx[j + 3] << 6);
+    else
+        /* 8 codes of 3 bits, a little-endian 24-bit word: code k at bit 3k */
+        for (int j = 0; j < f->n; j += 8) {
+            uint32_t w = 0;
+            for (int k = 0; k < 8; k++) w |= (uint32_t)idx[j + k] << (3 * k);
+            qs[3 * (j / 8)] = (uint8_t)w, qs[3 * (j / 8) + 1] = (uint8_t)(w >> 8), qs[3 * (j / 8) + 2] = (uint8_t)(w >> 16);
         }
-    }
     return sqrtf(nn);
 }
 
