@@ -157,7 +157,7 @@ __attribute__((target("avx2"))) static void block128_avx2(const float *x, float 
 }
 
 /* Blocks are independent; t[] inside block_ref makes y == x safe, and
- * block128 reads its block before writing it. */
+ * block128 and block128_avx2 read their block before writing it. */
 static void blocks(const float *x, float *y, int d, int pre, int post) {
     const int n = had_block(d), level = n == 128 ? kernels_level() : 0;
     for (int b = 0; b < d; b += n) {

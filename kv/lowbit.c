@@ -99,10 +99,10 @@ float lb_encode(const LbFmt *f, const float *y, uint8_t *qs) {
         for (int j = 0; j < f->n; j += 4)
             qs[j >> 2] = (uint8_t)(idx[j] | idx[j + 1] << 2 | idx[j + 2] << 4 | idx[j + 3] << 6);
     else
-        /* 8 codes of 3 bits, a little-endian 24-bit word: code k at bit 3k */
+        /* 8 codes of 3 bits, a little-endian 24-bit word: code c at bit 3c */
         for (int j = 0; j < f->n; j += 8) {
             uint32_t w = 0;
-            for (int k = 0; k < 8; k++) w |= (uint32_t)idx[j + k] << (3 * k);
+            for (int c = 0; c < 8; c++) w |= (uint32_t)idx[j + c] << (3 * c);
             qs[3 * (j / 8)] = (uint8_t)w, qs[3 * (j / 8) + 1] = (uint8_t)(w >> 8), qs[3 * (j / 8) + 2] = (uint8_t)(w >> 16);
         }
     return sqrtf(nn);

@@ -93,18 +93,19 @@ Test(deltanet, batching_and_column_splits_give_the_same_bits) {
     }
 }
 
-/* The SIMD order in scalar C, column by column: u's sums over even and odd
- * rows of S apart, alpha folded into u and into the update, o's sums split
- * the same way; fmaf where the kernels fuse. */
-static void folded_twin(float *S, const Inputs *in, float (*o)[DV]) {
+/* The SIMD order in scalar C, column by column over the first dk rows of
+ * the inputs: u's sums over even and odd rows of S apart, alpha folded
+ * into u and into the update, o's sums split the same way; fmaf where the
+ * kernels fuse. */
+static void folded_twin(float *S, const Inputs *in, float (*o)[DV], int dk) {
     for (int t = 0; t < NT; t++)
         for (int e = 0; e < DV; e++) {
             const float *k = in->k[t], *q = in->q[t];
             float s[2] = {0, 0};
-            for (int i = 0; i < DK; i++) s[i & 1] = fmaf(S[i * DV + e], k[i], s[i & 1]);
+            for (int i = 0; i < dk; i++) s[i & 1] = fmaf(S[i * DV + e], k[i], s[i & 1]);
             const float d = in->beta[t] * (in->v[t][e] - in->alpha[t] * (s[0] + s[1]));
             s[0] = s[1] = 0;
-            for (int i = 0; i < DK; i++) {
+            for (int i = 0; i < dk; i++) {
                 S[i * DV + e] = fmaf(S[i * DV + e], in->alpha[t], k[i] * d);
                 s[i & 1] = fmaf(S[i * DV + e], q[i], s[i & 1]);
             }
@@ -113,24 +114,30 @@ static void folded_twin(float *S, const Inputs *in, float (*o)[DV]) {
 }
 
 /* Every SIMD level the CPU has gives its twin's bits (so the same bits as
- * each other: AVX-512 makes two passes over S per token, AVX2 one). */
+ * each other: AVX-512 makes two passes over S per token, AVX2 one), at an
+ * even and an odd dk, over columns [0, 72) then [72, 80) (a 16-wide tile
+ * and an 8-wide one on AVX2; 8-wide ranges on AVX-512 take the AVX2 tile). */
 Test(deltanet, simd_levels_give_the_folded_twins_bits) {
     static const char *simd[] = {"avx512", "avx2", "neon"};
     static Inputs in;
     make_inputs(&in);
-    static float S0[DK * DV], St[DK * DV], ot[NT][DV];
-    for (int i = 0; i < DK * DV; i++) S0[i] = St[i] = 0.3f * grand();
-    folded_twin(St, &in, ot);
     int levels = 0;
-    for (int k = 0; k < 3; k++) {
-        if (kernels_set_isa(simd[k])) continue;
-        static float S[DK * DV], o[NT][DV];
-        memcpy(S, S0, sizeof S);
-        DeltaRule a = rule(&in, o, 0, NT);
-        deltanet_cols(S, &a, 0, DV);
-        cr_expect(!memcmp(S, St, sizeof S), "%s: state differs from the twin's", simd[k]);
-        cr_expect(!memcmp(o, ot, sizeof o), "%s: outputs differ from the twin's", simd[k]);
-        levels++;
+    for (int dk = DK - 1; dk <= DK; dk++) {
+        static float S0[DK * DV], St[DK * DV], ot[NT][DV];
+        for (int i = 0; i < DK * DV; i++) S0[i] = St[i] = 0.3f * grand();
+        folded_twin(St, &in, ot, dk);
+        for (int k = 0; k < 3; k++) {
+            if (kernels_set_isa(simd[k])) continue;
+            static float S[DK * DV], o[NT][DV];
+            memcpy(S, S0, sizeof S);
+            DeltaRule a = rule(&in, o, 0, NT);
+            a.dk = dk;
+            deltanet_cols(S, &a, 0, 72);
+            deltanet_cols(S, &a, 72, DV);
+            cr_expect(!memcmp(S, St, sizeof S), "%s dk=%d: state differs from the twin's", simd[k], dk);
+            cr_expect(!memcmp(o, ot, sizeof o), "%s dk=%d: outputs differ from the twin's", simd[k], dk);
+            levels++;
+        }
     }
     if (!levels) cr_skip_test("no SIMD level on this CPU");
 }

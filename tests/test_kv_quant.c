@@ -120,6 +120,39 @@ Test(kv_quant, q4_block_layout_positive_max_and_tie) {
     kv_stream_free(&s);
 }
 
+/* q4's blocks byte for byte on every level the CPU has against plain C's,
+ * on the inputs the SIMD quantizers must treat as quantize_block does:
+ * NaNs (skipped by the largest |x|, code 0 after the clamp), infinities
+ * (1 / d = 0, so inf * 0 = NaN -> code 0), subnormal blocks (1 / d
+ * infinite), an all-zero block, a tie in |x| with both signs, and codes
+ * on both clamps. */
+Test(kv_quant, q4_bytes_same_on_every_isa) {
+    enum { NB = 8 };
+    static float x[NB][32];
+    for (int b = 0; b < NB; b++)
+        for (int j = 0; j < 32; j++) x[b][j] = (float)(grand() * 3);
+    x[0][3] = NAN, x[0][20] = -NAN, x[0][27] = NAN, x[0][28] = NAN; /* NaNs in the last 8 too */
+    x[1][7] = INFINITY;
+    x[2][9] = -INFINITY, x[2][30] = NAN;
+    for (int j = 0; j < 32; j++) x[3][j] *= 1e-39f, x[4][j] = 0, x[5][j] = (float)(j % 17) - 8;
+    x[6][2] = 9, x[6][25] = -9;
+    x[7][0] = -1e30f, x[7][31] = 1e30f;
+    const char *isa = kernels_isa();
+    uint8_t want[NB * 18];
+    for (int k = 0; k < N_ISAS; k++) {
+        if (kernels_set_isa(all_isas[k])) continue;
+        KVStream s;
+        open_spec(&s, "q4", 32 * NB, 1, 1);
+        kv_stream_append(&s, x[0]);
+        if (k == 0) memcpy(want, s.data, sizeof want);
+        else
+            for (int b = 0; b < NB; b++)
+                cr_expect(!memcmp(s.data + 18 * b, want + 18 * b, 18), "%s: block %d differs from plain C's", all_isas[k], b);
+        kv_stream_free(&s);
+    }
+    cr_assert_eq(kernels_set_isa(isa), 0);
+}
+
 Test(kv_quant, block_schemes_refuse_odd_dims) {
     KVOpts o = {0, 0};
     char err[256] = "";

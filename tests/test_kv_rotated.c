@@ -14,6 +14,7 @@
 #include "kv/hadamard.h"
 #include "kv/kv.h"
 #include "kv/lloydmax.h"
+#include "kv/lowbit.h"
 
 #define TEST_SEED 0x2545F4914F6CDD1DULL
 #include "tests/util.h"
@@ -463,5 +464,32 @@ Test(kv_rotated, fast_rotation_and_encode_are_bit_exact) {
             kv_stream_free(&s[0]), kv_stream_free(&s[1]);
             free(v);
         }
+    }
+}
+
+/* lb_encode's packing pinned to bytes written out by hand: the values are
+ * the centroids themselves, codes 0, 1, 2, ... in order, so 4 bits give
+ * 0x10 0x32 ... (low nibble first), 2 bits 0xE4 (code j at bit 2j), 3 bits
+ * 0x88 0xC6 0xFA per eight codes (a little-endian 24-bit word, code k at
+ * bit 3k); every byte is written, and the returned norm is ||cb[idx]||. */
+Test(kv_rotated, lowbit_packing_known_bytes) {
+    static const uint8_t b3[3] = {0x88, 0xC6, 0xFA};
+    for (int kind = LB_IDX2; kind <= LB_IDX4; kind++) {
+        LbFmt f;
+        lb_fmt(&f, kind, 32, 1, 2, 0, 1.0f);
+        const int k = 1 << kind, nbytes = 32 * kind / 8;
+        float y[32];
+        double nn = 0;
+        for (int j = 0; j < 32; j++) y[j] = f.cb[j % k], nn += (double)y[j] * y[j];
+        uint8_t qs[16];
+        memset(qs, 0x5A, sizeof qs);
+        const float norm = lb_encode(&f, y, qs);
+        for (int i = 0; i < nbytes; i++) {
+            const uint8_t want = kind == LB_IDX4 ? (uint8_t)((2 * i) % 16 | ((2 * i + 1) % 16) << 4)
+                                 : kind == LB_IDX2 ? 0xE4
+                                                   : b3[i % 3];
+            cr_expect_eq(qs[i], want, "%d bits: byte %d = %02x, expected %02x", kind, i, qs[i], want);
+        }
+        cr_expect(fabs(norm - sqrt(nn)) <= 1e-6 * sqrt(nn), "%d bits: norm %g, expected %g", kind, norm, sqrt(nn));
     }
 }
