@@ -106,47 +106,17 @@ __attribute__((target("avx512f"))) static void deltanet_cols16(float *S, const D
     }
 }
 
-/* tile8's pass for one token: S <- alpha S + k delta^T over NB blocks of 8
- * columns from e0, o = S^T q and, when NEXT, the next token's u = S^T kn
- * over the rows just written, rows summed into even and odd sums in order. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void update8(
-    float *S, int dk, int dv, int e0, const float *k, const float *q, const float *kn, __m256 va, const __m256 *d,
-    __m256 *o0, __m256 *o1, __m256 *u0, __m256 *u1, const int NB, const int NEXT) {
-    int i = 0;
-    for (; i + 1 < dk; i += 2) {
-        float *r0 = S + (size_t)i * dv + e0, *r1 = r0 + dv;
-        const __m256 k0 = _mm256_broadcast_ss(k + i), k1 = _mm256_broadcast_ss(k + i + 1);
-        const __m256 q0 = _mm256_broadcast_ss(q + i), q1 = _mm256_broadcast_ss(q + i + 1);
-        for (int b = 0; b < NB; b++) {
-            const __m256 x0 = _mm256_fmadd_ps(_mm256_loadu_ps(r0 + 8 * b), va, _mm256_mul_ps(k0, d[b]));
-            _mm256_storeu_ps(r0 + 8 * b, x0);
-            o0[b] = _mm256_fmadd_ps(x0, q0, o0[b]);
-            if (NEXT) u0[b] = _mm256_fmadd_ps(x0, _mm256_broadcast_ss(kn + i), u0[b]);
-            const __m256 x1 = _mm256_fmadd_ps(_mm256_loadu_ps(r1 + 8 * b), va, _mm256_mul_ps(k1, d[b]));
-            _mm256_storeu_ps(r1 + 8 * b, x1);
-            o1[b] = _mm256_fmadd_ps(x1, q1, o1[b]);
-            if (NEXT) u1[b] = _mm256_fmadd_ps(x1, _mm256_broadcast_ss(kn + i + 1), u1[b]);
-        }
-    }
-    if (i < dk) {
-        float *r = S + (size_t)i * dv + e0;
-        const __m256 kb = _mm256_broadcast_ss(k + i), qb = _mm256_broadcast_ss(q + i);
-        for (int b = 0; b < NB; b++) {
-            const __m256 x = _mm256_fmadd_ps(_mm256_loadu_ps(r + 8 * b), va, _mm256_mul_ps(kb, d[b]));
-            _mm256_storeu_ps(r + 8 * b, x);
-            o0[b] = _mm256_fmadd_ps(x, qb, o0[b]);
-            if (NEXT) u0[b] = _mm256_fmadd_ps(x, _mm256_broadcast_ss(kn + i), u0[b]);
-        }
-    }
-}
-
 /* The same recurrence in AVX2 over NB blocks of 8 columns from e0, in one
  * pass over S per token where tile16 takes two: the pass that writes
- * token t's S also sums token t+1's u (update8), in the same row order as
- * a pass of its own, so the bits are tile16's. Only the first token's u
- * takes a pass of its own, so decode (one token a call) makes two. NB is
- * at most 2: d and the four sums take 5 NB of the 16 registers, the
- * broadcast k, q and next k the rest. */
+ * token t's S also sums token t+1's u = S^T k_{t+1} from the rows it has
+ * just written, into even and odd sums in the same row order as a pass of
+ * its own, so the bits are tile16's. Only the first token's u takes a pass
+ * of its own (decode, one token a call, makes two), and the last token's
+ * next-u sums run over its own k and are dropped: a second copy of the
+ * loop without them, in a helper taking the sums by pointer, measured
+ * slower in prefill (docs/kernel-notes.md#delta-rule-on-avx2). NB is at
+ * most 2: d and the four sums take 5 NB of the 16 registers, the
+ * broadcasts the rest. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void tile8(float *S, const DeltaRule *a, int e0,
                                                                             const int NB) {
     const int dk = a->dk, dv = a->dv;
@@ -169,6 +139,8 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile8(floa
     for (int t = 0; t < a->n; t++) {
         const float *q = a->q + (size_t)t * a->ld_qk, *k = a->k + (size_t)t * a->ld_qk;
         const float *v = a->v + (size_t)t * a->ld_v + e0;
+        /* the next token's k, or this one's when there is none (its sums are then dropped) */
+        const float *kn = t + 1 < a->n ? k + a->ld_qk : k;
         const __m256 va = _mm256_set1_ps(a->alpha[(size_t)t * a->ld_ab]);
         const __m256 vb = _mm256_set1_ps(a->beta[(size_t)t * a->ld_ab]);
         /* delta = beta (v - alpha u) */
@@ -177,8 +149,33 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile8(floa
             d[b] = _mm256_mul_ps(vb, _mm256_sub_ps(_mm256_loadu_ps(v + 8 * b), u));
             o0[b] = o1[b] = u0[b] = u1[b] = _mm256_setzero_ps();
         }
-        if (t + 1 < a->n) update8(S, dk, dv, e0, k, q, k + a->ld_qk, va, d, o0, o1, u0, u1, NB, 1);
-        else update8(S, dk, dv, e0, k, q, NULL, va, d, o0, o1, u0, u1, NB, 0);
+        /* S <- alpha S + k delta^T; o = S^T q and the next u = S^T kn over the new S */
+        for (i = 0; i + 1 < dk; i += 2) {
+            float *r0 = S + (size_t)i * dv + e0, *r1 = r0 + dv;
+            const __m256 k0 = _mm256_broadcast_ss(k + i), k1 = _mm256_broadcast_ss(k + i + 1);
+            const __m256 q0 = _mm256_broadcast_ss(q + i), q1 = _mm256_broadcast_ss(q + i + 1);
+            const __m256 n0 = _mm256_broadcast_ss(kn + i), n1 = _mm256_broadcast_ss(kn + i + 1);
+            for (int b = 0; b < NB; b++) {
+                const __m256 x0 = _mm256_fmadd_ps(_mm256_loadu_ps(r0 + 8 * b), va, _mm256_mul_ps(k0, d[b]));
+                _mm256_storeu_ps(r0 + 8 * b, x0);
+                o0[b] = _mm256_fmadd_ps(x0, q0, o0[b]);
+                u0[b] = _mm256_fmadd_ps(x0, n0, u0[b]);
+                const __m256 x1 = _mm256_fmadd_ps(_mm256_loadu_ps(r1 + 8 * b), va, _mm256_mul_ps(k1, d[b]));
+                _mm256_storeu_ps(r1 + 8 * b, x1);
+                o1[b] = _mm256_fmadd_ps(x1, q1, o1[b]);
+                u1[b] = _mm256_fmadd_ps(x1, n1, u1[b]);
+            }
+        }
+        if (i < dk) {
+            float *r = S + (size_t)i * dv + e0;
+            const __m256 kb = _mm256_broadcast_ss(k + i), qb = _mm256_broadcast_ss(q + i), nb = _mm256_broadcast_ss(kn + i);
+            for (int b = 0; b < NB; b++) {
+                const __m256 x = _mm256_fmadd_ps(_mm256_loadu_ps(r + 8 * b), va, _mm256_mul_ps(kb, d[b]));
+                _mm256_storeu_ps(r + 8 * b, x);
+                o0[b] = _mm256_fmadd_ps(x, qb, o0[b]);
+                u0[b] = _mm256_fmadd_ps(x, nb, u0[b]);
+            }
+        }
         float *o = a->o + (size_t)t * a->ld_o + e0;
         for (int b = 0; b < NB; b++) _mm256_storeu_ps(o + 8 * b, _mm256_add_ps(o0[b], o1[b]));
     }
