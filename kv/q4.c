@@ -86,6 +86,21 @@ static void quantize_block(BlockQ4 *b, const float *x) {
     }
 }
 
+/* The SIMD quantizers' scale, once they have the largest |x| (exact in any
+ * order): its first holder's sign, as quantize_block's loop takes it; b->d
+ * gets d, the return is 1 / d (0 for an all-zero block). */
+static inline float block_scale(BlockQ4 *b, const float *x, float amax) {
+    float max = 0;
+    for (int j = 0; amax > 0 && j < QK; j++)
+        if (fabsf(x[j]) == amax) {
+            max = x[j];
+            break;
+        }
+    const float d = max / -8;
+    b->d = f32_to_f16(d);
+    return d ? 1.0f / d : 0.0f;
+}
+
 /* quantize_block in 8 lanes (AVX2) or 4 (NEON; below): the same bytes. */
 static void quantize_block_fast(BlockQ4 *b, const float *x);
 
@@ -581,14 +596,7 @@ __attribute__((target("avx2,fma"))) static void quantize_block_avx2(BlockQ4 *b, 
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
-    float max = 0;
-    for (int j = 0; amax > 0 && j < QK; j++)
-        if (fabsf(x[j]) == amax) {
-            max = x[j];
-            break;
-        }
-    const float d = max / -8, id = d ? 1.0f / d : 0.0f;
-    b->d = f32_to_f16(d);
+    const float id = block_scale(b, x, amax);
     /* codes of elements 8g..8g+7 as int32, then 16-bit rows 0-15 (low
      * nibbles) and 16-31 (high), packs_epi32 interleaving 128-bit lanes */
     __m256i c[4];
@@ -716,14 +724,7 @@ static void quantize_block_fast(BlockQ4 *b, const float *x) {
     float32x4_t m = vdupq_n_f32(0);
     for (int j = 0; j < QK; j += 4) m = vmaxnmq_f32(m, vabsq_f32(vld1q_f32(x + j)));
     const float amax = vmaxnmvq_f32(m);
-    float max = 0;
-    for (int j = 0; amax > 0 && j < QK; j++)
-        if (fabsf(x[j]) == amax) {
-            max = x[j];
-            break;
-        }
-    const float d = max / -8, id = d ? 1.0f / d : 0.0f;
-    b->d = f32_to_f16(d);
+    const float id = block_scale(b, x, amax);
     uint8x16_t c[2];
     for (int h = 0; h < 2; h++) {
         int32x4_t v[4];
