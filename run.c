@@ -183,7 +183,8 @@ static void usage(FILE *f) {
             "                   logits move by about 0.5%%; a bf16 model read into memory needed)\n"
             "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the same\n"
             "  -dev DEVICE      cpu | cuda (the whole forward, the cache and sampling on GPU 0; -kv\n"
-            "                   f32, f16, q8, q4, q4h, tbq4/3/2, lm3 or polar4; every mode but kvstats) |\n"
+            "                   f32, f16, q8, q4, q4h, tbq4/3/2, lm3 or polar4; -wq stored or q8;\n"
+            "                   every mode but kvstats) |\n"
             "                   auto (default: cuda when this binary has it, a GPU is there and the\n"
             "                   run is one it takes, else cpu) (--device)\n"
             "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the\n"
@@ -899,8 +900,14 @@ static int run_compare(Run *r) {
     Model ref;
     const int two = r->a.wq_q8 || r->a.act_bf16;
     int n_gen = r->a.set_n && r->a.n >= 0 ? r->a.n : 64;
-    if (two && model_load_source(&ref, &r->src, 0, err, sizeof err)) {
+    /* on the GPU the reference goes there too, from the mapping */
+    if (two && model_load_source(&ref, &r->src, r->m.gpu ? MODEL_MAPPED : 0, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
+        return 1;
+    }
+    if (two && r->m.gpu && model_to_gpu(&ref, err, sizeof err)) {
+        fprintf(stderr, "error: %s\n", err);
+        model_free(&ref);
         return 1;
     }
     const char *what = r->a.wq_q8 ? "q8" : "act bf16";
@@ -1020,7 +1027,8 @@ static int spec_open(Run *r, Gen *g, KVCache *mkv, Spec *sp) {
     }
     if (n_draft == 0) return 0;
     g->hidden = malloc((size_t)PREFILL_SLICE * m->cfg.hidden * sizeof(float));
-    /* the GPU keeps the drafter's weights as stored (no q8 kernel there yet) */
+    /* the GPU keeps the drafter's weights as stored: DT_Q8I is laid out for
+     * the CPU's VNNI kernel */
     const int q8 = r->a.draft_q8 && !m->gpu;
     if (!g->hidden || (q8 && model_quantize(m, MODEL_DRAFT, err, sizeof err)) ||
         model_kv_init(m, mkv, &r->spec, r->ctx, 1, err, sizeof err) ||
@@ -1563,7 +1571,6 @@ static int gpu_refuses_options(const Run *r, char *err, size_t errlen) {
         snprintf(err, errlen, "-dev cuda: -m %s runs on the CPU only (so far; use -dev cpu)", a->mode);
     else if (a->session)
         snprintf(err, errlen, "-dev cuda: --session: a cache on the GPU cannot be saved yet (use -dev cpu)");
-    else if (a->wq_q8) snprintf(err, errlen, "-dev cuda: -wq q8 has no CUDA kernel yet (use -wq stored or -dev cpu)");
     else if (a->act_bf16) snprintf(err, errlen, "-dev cuda: -act bf16 is the CPU's AVX-512 BF16 mode (use -act f32 or "
                                    "-dev cpu)");
     else {
@@ -1621,6 +1628,12 @@ static int open_model(Run *r) {
                           sizeof err))
         goto fail;
     r->have_model = 1;
+    /* -wq q8 first: the GPU takes the q8 blocks as they are */
+    if (r->a.wq_q8) {
+        double t0 = now();
+        if (model_quantize(&r->m, MODEL_MAIN, err, sizeof err)) goto fail;
+        fprintf(stderr, "weights: q8, converted in %.2f s\n", now() - t0);
+    }
     if (gpu) {
         double t0 = now();
         if (model_to_gpu(&r->m, err, sizeof err)) {
@@ -1633,11 +1646,6 @@ static int open_model(Run *r) {
             fprintf(stderr, "device: %s, weights %s uploaded in %.2f s\n", gpu_model_device(r->m.gpu), hb,
                     now() - t0);
         }
-    }
-    if (r->a.wq_q8) {
-        double t0 = now();
-        if (model_quantize(&r->m, MODEL_MAIN, err, sizeof err)) goto fail;
-        fprintf(stderr, "weights: q8, converted in %.2f s\n", now() - t0);
     }
     if (source_generation(&r->src, &r->m.cfg, &r->gd, err, sizeof err)) goto fail;
     return 0;

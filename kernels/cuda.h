@@ -76,8 +76,16 @@ int cuda_graph_end(void **graph, char *err, size_t errlen);
 int cuda_graph_launch(void *graph, char *err, size_t errlen);
 void cuda_graph_free(void *graph);
 
-/* Weight element types on the device, as kernels/matmul.h's DType. */
-enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 };
+/* Weight element types on the device, as kernels/matmul.h's DType.
+ * CUDA_Q8 is DT_Q8 (-wq q8) in one buffer, the codes then the scales:
+ *   | int8 q [rows][cols] | f32 d [rows][cols / 32] |     w = q * d
+ * so that the matrices a matmul reads together stack as one. */
+enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2, CUDA_Q8 = 3 };
+/* Bytes of a [rows, cols] matrix of dtype on the device. */
+static inline size_t cuda_weight_bytes(int dtype, int rows, int cols) {
+    const size_t n = (size_t)rows * cols;
+    return dtype == CUDA_Q8 ? n + n / 32 * 4 : dtype == CUDA_F32 ? 4 * n : 2 * n;
+}
 
 /* ---- kernels/ops.cu: twins of kernels/ops.c ---- */
 /* x[i] = row tokens[i] of E [V, H] widened to f32, i < n (weight_row). */
@@ -154,6 +162,9 @@ void cuda_swiglu(float *d_out, const float *d_gu, int n, int I);
 /* count bf16 values uniform in [-scale, scale] from seed (benchmarks'
  * random weights), and count f32 ones. */
 void cuda_fill_random(void *d_w, size_t count, unsigned long long seed, float scale);
+/* A CUDA_Q8 matrix [rows, cols] of codes uniform in [-127, 127] from
+ * seed and every scale scale / 127 (benchmarks' random -wq q8 weights). */
+void cuda_fill_random_q8(void *d_w, int rows, int cols, unsigned long long seed, float scale);
 void cuda_fill_ones(float *d_x, size_t count);
 /* *out = the first row of x [n, width] holding a NaN or an infinity, or
  * INT_MAX (find_nonfinite). */
@@ -163,7 +174,7 @@ void cuda_find_nonfinite(int *d_out, const float *d_x, int n, int width);
 /* Rows of x up to which a matmul streams W once (the decode form). */
 #define CUDA_MATVEC_MAX 8
 /* y [n, rows] = x [n, cols] W^T (add: y += x W^T), W [rows, cols] of
- * dtype, cols a multiple of 8. Up to 8 rows of x stream W once (decode,
+ * dtype, cols a multiple of 8 (of 32 for CUDA_Q8). Up to 8 rows of x stream W once (decode,
  * verification); more go through shared-memory tiles (prefill). f32 sums
  * throughout. */
 void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int rows, int cols, int n, int add);

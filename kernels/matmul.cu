@@ -1,12 +1,14 @@
 /* matmul.cu: the GPU twin of kernels/matmul.c's matmul_ref,
  * y [n, rows] = x [n, cols] W^T, W [rows, cols] in its stored dtype
- * (bf16, f16, f32) in device memory, x and y f32; or y += x W^T, the
- * residual add that follows o_proj and down_proj done as each sum is
- * stored (the CPU adds the same sum to the same value).
+ * (bf16, f16, f32) or as q8 blocks (-wq q8; kernels/cuda.h) in device
+ * memory, x and y f32; or y += x W^T, the residual add that follows
+ * o_proj and down_proj done as each sum is stored (the CPU adds the same
+ * sum to the same value).
  *
  * Decode and verification (n <= 8) are bound by reading W once: a warp
- * (or a few, for matrices of few rows) per row of W, each lane 16 bytes of
- * it per step (8 bf16 or f16, 4 f32) against the same columns of every row
+ * (or a few, for matrices of few rows) per row of W, each lane 8 weights
+ * of it per step (16 bytes of bf16 or f16, 32 of f32, 8 q8 codes and their
+ * block's scale) against the same columns of every row
  * of x (which stays in L1/L2), the n sums in registers and a shuffle tree
  * at the end. cuda_matvec also takes the RMSNorm before q|k|v and
  * gate|up, and the SwiGLU after gate|up, into the same pass, which saves
@@ -18,8 +20,11 @@
  * mantissa), and W is multiplied by each, products of bf16 being exact in
  * f32 (the "bf16x3" of Henry, Tang and Heinecke, "Leveraging the bfloat16
  * Artificial Intelligence Datatype For Higher-Precision Computations",
- * 2019). Other dtypes, and shapes off its 64 x 64 x 32 tiles, go through
- * f32 tiles staged in shared memory, each thread a 4 x 4 block of outputs.
+ * 2019). q8 weights (-wq q8, CUDA_Q8) take the same split of x against
+ * their integer codes, a q8 block's sum at a time, then its scale
+ * (gemm_q8_kernel). Other dtypes, and shapes off the 64 x 64 x 32 tiles,
+ * go through f32 tiles staged in shared memory, each thread a 4 x 4 block
+ * of outputs.
  *
  * The widening is exact, but the sums are f32 fmas in another order than
  * the C reference's multiply-adds, so results agree to rounding, not to
@@ -33,9 +38,24 @@
 
 #define GEMV_WARPS 8
 
-/* 8 consecutive weights from W (16 bytes of bf16/f16, 32 of f32) as f32. */
-template <int DT> __device__ __forceinline__ void load8(const void *W, size_t at, float w[8]) {
-    if (DT == CUDA_F32) {
+/* Bytes of one weight of dtype DT (a q8 code; its scale aside). */
+template <int DT> __device__ constexpr int wsize() { return DT == CUDA_F32 ? 4 : DT == CUDA_Q8 ? 1 : 2; }
+
+/* 8 consecutive weights from W (16 bytes of bf16/f16, 32 of f32, 8 q8
+ * codes and their block's scale from sc) as f32: a q8 weight is its code
+ * times its scale rounded once, as matmul_ref's widening. */
+template <int DT> __device__ __forceinline__ void load8(const void *W, const float *sc, size_t at, float w[8]) {
+    if (DT == CUDA_Q8) {
+        /* the 8 codes lie in one block of 32: at is a multiple of 8; 8
+         * bytes a lane, which measured faster than 16 (docs/cuda.md) */
+        const uint2 u = __ldcs((const uint2 *)((const int8_t *)W + at));
+        const float d = __ldg(sc + (at >> 5));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[i] = __fmul_rn((float)(int8_t)(u.x >> (8 * i)), d);
+            w[4 + i] = __fmul_rn((float)(int8_t)(u.y >> (8 * i)), d);
+        }
+    } else if (DT == CUDA_F32) {
         const float4 a = __ldcs((const float4 *)((const float *)W + at));
         const float4 b = __ldcs((const float4 *)((const float *)W + at) + 1);
         w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
@@ -71,12 +91,15 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const f
     __shared__ float inv[NT], red[GEMV_WARPS][2 * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r = blockIdx.x * (GEMV_WARPS / ks) + warp / ks, slice = warp % ks;
+    /* q8: the scales follow the codes of all of W's rows */
+    const float *sc = DT == CUDA_Q8 ? (const float *)((const int8_t *)W + (size_t)(PAIR ? 2 * rows : rows) * cols)
+                                    : nullptr;
     /* the first stretch of this warp's row into L2 while the kernel before
      * finishes (pdl_wait) and the norm is found */
     if (r < rows)
         for (int p = 0; p <= PAIR; p++)
             for (int c = (slice * 32 + lane) * 8, i = 0; c < cols && i < 4; c += 256 * ks, i++) {
-                const size_t at = ((size_t)((PAIR ? 2 * r : r) + p) * cols + c) * (DT == CUDA_F32 ? 4 : 2);
+                const size_t at = ((size_t)((PAIR ? 2 * r : r) + p) * cols + c) * wsize<DT>();
                 asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)W + at));
             }
     pdl_wait();
@@ -100,8 +123,8 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const f
 #pragma unroll 4
         for (int c = (slice * 32 + lane) * 8; c < cols; c += 256 * ks) {
             float w[PAIR + 1][8];
-            load8<DT>(W, base + c, w[0]);
-            if (PAIR) load8<DT>(W, base + cols + c, w[PAIR]);
+            load8<DT>(W, sc, base + c, w[0]);
+            if (PAIR) load8<DT>(W, sc, base + cols + c, w[PAIR]);
 #pragma unroll
             for (int t = 0; t < NT; t++)
                 if (t < n) {
@@ -201,6 +224,28 @@ __global__ void gemm_kernel(float *y, const float *x, const void *W, int rows, i
 #define TC_LD 40  /* bf16 per shared row: 32 + 16 bytes against bank conflicts */
 #define TC_CLD 36 /* floats per row of a warp's staged outputs */
 
+/* 64 rows of x from t0 by TC_BK columns from k0 split into three bf16
+ * parts, x = As[0] + As[1] + As[2] exactly; rows past n are zeros. */
+__device__ __forceinline__ void stage_x3(__nv_bfloat16 (*As)[TC_BM][TC_LD], const float *x, int t0, int k0, int n,
+                                         int cols) {
+    for (int e = threadIdx.x; e < TC_BM * TC_BK / 4; e += blockDim.x) {
+        const int tt = e / (TC_BK / 4), c = (e % (TC_BK / 4)) * 4;
+        float4 v = make_float4(0, 0, 0, 0);
+        if (t0 + tt < n) v = *(const float4 *)(x + (size_t)(t0 + tt) * cols + k0 + c);
+        const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* each subtraction is exact: the parts sum to f */
+            const __nv_bfloat16 hi = __float2bfloat16_rn(f[i]);
+            const float r1 = f[i] - __bfloat162float(hi);
+            const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+            As[0][tt][c + i] = hi;
+            As[1][tt][c + i] = mid;
+            As[2][tt][c + i] = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+        }
+    }
+}
+
 /* Block of 4 warps: warp (wm, wn) owns tokens t0 + 32 wm .. and rows
  * r0 + 32 wn .. as 2 x 2 fragments of 16 x 16. Per stage the block splits
  * 64 x 32 of x into As[0..2] and copies 64 x 32 of W into Bs; x rows past
@@ -219,22 +264,7 @@ __global__ void __launch_bounds__(128) gemm_bf16x3_kernel(float *y, const float 
 #pragma unroll
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     for (int k0 = 0; k0 < cols; k0 += TC_BK) {
-        for (int e = threadIdx.x; e < TC_BM * TC_BK / 4; e += 128) {
-            const int tt = e / (TC_BK / 4), c = (e % (TC_BK / 4)) * 4;
-            float4 v = make_float4(0, 0, 0, 0);
-            if (t0 + tt < n) v = *(const float4 *)(x + (size_t)(t0 + tt) * cols + k0 + c);
-            const float f[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                /* each subtraction is exact: the parts sum to f */
-                const __nv_bfloat16 hi = __float2bfloat16_rn(f[i]);
-                const float r1 = f[i] - __bfloat162float(hi);
-                const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-                As[0][tt][c + i] = hi;
-                As[1][tt][c + i] = mid;
-                As[2][tt][c + i] = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-            }
-        }
+        stage_x3(As, x, t0, k0, n, cols);
         for (int e = threadIdx.x; e < TC_BN * TC_BK / 8; e += 128) {
             const int rr = e / (TC_BK / 8), c = (e % (TC_BK / 8)) * 8;
             *(uint4 *)&Bs[rr][c] = __ldcs((const uint4 *)(W + (size_t)(r0 + rr) * cols + k0 + c));
@@ -273,6 +303,107 @@ __global__ void __launch_bounds__(128) gemm_bf16x3_kernel(float *y, const float 
     }
 }
 
+/* One m16n8k16 product on the tensor cores, bf16 in, f32 sums: c += a b.
+ * Fragments as the PTX ISA lays them out (g = lane / 4, t = lane % 4):
+ * a0..a3 hold A's (row g, cols 2t, 2t + 1), (g + 8, 2t ..), (g, 2t + 8 ..),
+ * (g + 8, 2t + 8 ..); b0, b1 B's (rows 2t, 2t + 1 | 2t + 8, 2t + 9; col g);
+ * c0..c3 C's (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). */
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* Prefill over q8 weights (-wq q8) on the tensor cores. A stage is one
+ * q8 block: 32 columns, where every row of W has one scale. A code is an
+ * integer of 8 bits, exact in bf16, and x is split as in the bf16x3
+ * kernel, so each stage's sum over its 32 columns, sum_j x_j q_j, is the
+ * exact products' f32 sum; it is then scaled by the row's d and added:
+ *   y[t][r] = sum over blocks b of d[r][b] * (sum_{j in b} x[t][j] q[r][j])
+ * Tiles of 64 tokens x 64 rows as gemm_bf16x3_kernel's, by mma.sync, whose
+ * accumulator layout (unlike WMMA's) says which row each sum belongs to.
+ * Any rows and n; cols a multiple of 32. */
+__global__ void __launch_bounds__(128) gemm_q8_kernel(float *y, const float *x, const int8_t *W, int rows, int cols,
+                                                      int n, int add) {
+    __shared__ __align__(16) __nv_bfloat16 As[3][TC_BM][TC_LD];
+    __shared__ __align__(16) __nv_bfloat16 Bs[TC_BN][TC_LD];
+    __shared__ float ds[TC_BN];
+    const float *sc = (const float *)(W + (size_t)rows * cols);
+    const int t0 = blockIdx.y * TC_BM, r0 = blockIdx.x * TC_BN, nb = cols / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
+    const int g = lane >> 2, t = lane & 3;
+    /* warp (wm, wn): tokens t0 + 32 wm + 16 i .., rows r0 + 32 wn + 8 j .. */
+    float acc[2][4][4] = {};
+    static_assert(TC_BK == 32, "a stage is one q8 block");
+    for (int k0 = 0; k0 < cols; k0 += TC_BK) {
+        stage_x3(As, x, t0, k0, n, cols);
+        {
+            /* 64 rows of 32 codes: 16 per thread, widened to bf16 pairs */
+            const int rr = threadIdx.x >> 1, c = (threadIdx.x & 1) * 16;
+            uint4 u = make_uint4(0, 0, 0, 0);
+            if (r0 + rr < rows) u = __ldcs((const uint4 *)(W + (size_t)(r0 + rr) * cols + k0 + c));
+            const uint32_t p[4] = {u.x, u.y, u.z, u.w};
+            uint32_t o[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint32_t lo = __float_as_uint((float)(int8_t)(p[i / 2] >> (16 * (i & 1))));
+                const uint32_t hi = __float_as_uint((float)(int8_t)(p[i / 2] >> (16 * (i & 1) + 8)));
+                o[i] = (lo >> 16) | (hi & 0xffff0000u);
+            }
+            *(uint4 *)&Bs[rr][c] = make_uint4(o[0], o[1], o[2], o[3]);
+            *(uint4 *)&Bs[rr][c + 8] = make_uint4(o[4], o[5], o[6], o[7]);
+            if (threadIdx.x < TC_BN)
+                ds[threadIdx.x] = r0 + threadIdx.x < rows ? sc[(size_t)(r0 + threadIdx.x) * nb + k0 / 32] : 0.0f;
+        }
+        __syncthreads();
+        float s[2][4][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < 32; kk += 16) {
+            uint32_t b[4][2];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const __nv_bfloat16 *br = &Bs[wn * 32 + j * 8 + g][kk + 2 * t];
+                b[j][0] = *(const uint32_t *)br, b[j][1] = *(const uint32_t *)(br + 8);
+            }
+#pragma unroll
+            for (int p = 0; p < 3; p++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const __nv_bfloat16 *ar = &As[p][wm * 32 + i * 16 + g][kk + 2 * t];
+                    const uint32_t a[4] = {*(const uint32_t *)ar, *(const uint32_t *)(ar + 8 * TC_LD),
+                                           *(const uint32_t *)(ar + 8), *(const uint32_t *)(ar + 8 * TC_LD + 8)};
+#pragma unroll
+                    for (int j = 0; j < 4; j++) mma_bf16(s[i][j], a, b[j]);
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float d0 = ds[wn * 32 + j * 8 + 2 * t], d1 = ds[wn * 32 + j * 8 + 2 * t + 1];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                acc[i][j][0] = fmaf(s[i][j][0], d0, acc[i][j][0]);
+                acc[i][j][1] = fmaf(s[i][j][1], d1, acc[i][j][1]);
+                acc[i][j][2] = fmaf(s[i][j][2], d0, acc[i][j][2]);
+                acc[i][j][3] = fmaf(s[i][j][3], d1, acc[i][j][3]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                const int tok = t0 + wm * 32 + i * 16 + g + (h >> 1) * 8, r = r0 + wn * 32 + j * 8 + 2 * t + (h & 1);
+                if (tok < n && r < rows) {
+                    float *o = y + (size_t)tok * rows + r;
+                    *o = add ? __fadd_rn(*o, acc[i][j][h]) : acc[i][j][h];
+                }
+            }
+}
+
 /* Warps per output row: enough warps over the GPU (4096) for short
  * matrices, at most 8. */
 static int warps_per_row(int rows) {
@@ -306,6 +437,7 @@ extern "C" void cuda_matvec(float *d_y, const float *d_x, int xmode, const float
                             int dtype, int rows, int cols, int n, int pair, int add) {
     const int out = pair ? rows / 2 : rows;
     if (dtype == CUDA_BF16) gemv<CUDA_BF16>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
+    else if (dtype == CUDA_Q8) gemv<CUDA_Q8>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
     else if (dtype == CUDA_F16) gemv<CUDA_F16>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
     else gemv<CUDA_F32>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
     cuda_note("matmul (gemv)");
@@ -318,6 +450,11 @@ extern "C" void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int d
         return;
     }
     const dim3 g((rows + 63) / 64, (n + 63) / 64);
+    if (dtype == CUDA_Q8) {
+        gemm_q8_kernel<<<g, 128, 0, g_stream>>>(d_y, d_x, (const int8_t *)d_W, rows, cols, n, add);
+        cuda_note("matmul (q8, tensor cores)");
+        return;
+    }
     if (dtype == CUDA_BF16 && rows % TC_BN == 0 && cols % TC_BK == 0) {
         gemm_bf16x3_kernel<<<g, 128, 0, g_stream>>>(d_y, d_x, (const uint16_t *)d_W, rows, cols, n, add);
         cuda_note("matmul (tensor cores)");

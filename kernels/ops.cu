@@ -167,6 +167,24 @@ extern "C" void cuda_fill_random(void *d_w, size_t count, unsigned long long see
     cuda_note("random weights");
 }
 
+__global__ void fill_random_q8_kernel(int8_t *q, float *d, size_t count, unsigned long long seed, float scale) {
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x) {
+        unsigned long long z = seed * 0x9E3779B97F4A7C15ull + j + 1;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        q[j] = (int8_t)((int)((z >> 32) % 255) - 127);
+        if (j % 32 == 0) d[j / 32] = scale / 127;
+    }
+}
+
+extern "C" void cuda_fill_random_q8(void *d_w, int rows, int cols, unsigned long long seed, float scale) {
+    const size_t count = (size_t)rows * cols;
+    fill_random_q8_kernel<<<grid_for(count), 256, 0, g_stream>>>((int8_t *)d_w, (float *)((int8_t *)d_w + count),
+                                                                 count, seed, scale);
+    cuda_note("random q8 weights");
+}
+
 __global__ void fill_ones_kernel(float *x, size_t count) {
     for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x)
         x[j] = 1.0f;

@@ -1,7 +1,9 @@
 /* gpu.c: the forward pass of model/model.c on a CUDA GPU (model/gpu.h).
  *
  * The weights go up once into one arena (each tensor 256-byte aligned) in
- * their stored dtype; norms as the f32 vectors model_load made of them.
+ * their stored dtype, or as the q8 blocks -wq q8 made of them at load
+ * (kernels/cuda.h's CUDA_Q8: a matrix's codes, then its scales); norms as
+ * the f32 vectors model_load made of them.
  * Scratch for GPU_BATCH tokens is allocated at open, so nothing is
  * allocated per step and a step can be captured as a graph. The order of
  * operations is model.c's, so that the CPU path is the reference for every
@@ -161,19 +163,21 @@ typedef struct {
     void *graph[GPU_GRAPH_MAX + 1][GPU_SPLIT_KINDS]; /* by token count and splits, captured on first use */
 } GpuKV;
 
-static int dtype_code(DType t) { return t == DT_F32 ? CUDA_F32 : t == DT_F16 ? CUDA_F16 : CUDA_BF16; }
+static int dtype_code(DType t) {
+    return t == DT_F32 ? CUDA_F32 : t == DT_F16 ? CUDA_F16 : t == DT_Q8 ? CUDA_Q8 : CUDA_BF16;
+}
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* Bytes a weight takes in the arena; what cannot go up is refused in err. */
 static int weight_fits(const Weight *w, const char *name, size_t *total, char *err, size_t errlen) {
-    if (w->dtype != DT_F32 && w->dtype != DT_F16 && w->dtype != DT_BF16) {
-        snprintf(err, errlen, "-dev cuda: %s is not in its stored layout (quantized or relaid for the CPU at load): "
-                              "the GPU takes f32, f16 and bf16 weights as stored (load with MODEL_MAPPED, no -wq q8)",
+    if (w->dtype != DT_F32 && w->dtype != DT_F16 && w->dtype != DT_BF16 && w->dtype != DT_Q8) {
+        snprintf(err, errlen, "-dev cuda: %s is relaid for the CPU's kernels at load: the GPU takes f32, f16 and "
+                              "bf16 weights as stored (load with MODEL_MAPPED) and q8 blocks (DT_Q8)",
                  name);
         return -1;
     }
-    *total += align256((size_t)w->rows * w->cols * dtype_size(w->dtype));
+    *total += align256(cuda_weight_bytes(dtype_code(w->dtype), w->rows, w->cols));
     return 0;
 }
 
@@ -187,26 +191,30 @@ static void *arena_take(GpuModel *g, size_t bytes) {
 }
 
 /* Matrices w[0..count) of one dtype and width, stacked as one [sum of
- * rows, cols] matrix in the arena. */
+ * rows, cols] matrix in the arena (q8: the codes of all, then the scales
+ * of all, as kernels/cuda.h lays out one matrix). */
 static int up_stacked(GpuModel *g, const Weight *const *w, int count, DevW *d, const char *name, char *err,
                       size_t errlen) {
     int rows = 0;
-    size_t bytes = 0;
     for (int i = 0; i < count; i++) {
         if (w[i]->dtype != w[0]->dtype || w[i]->cols != w[0]->cols) {
             snprintf(err, errlen, "-dev cuda: %s: the matrices a matmul reads together differ in dtype or width", name);
             return -1;
         }
         rows += w[i]->rows;
-        bytes += (size_t)w[i]->rows * w[i]->cols * dtype_size(w[i]->dtype);
     }
-    char *p = arena_take(g, bytes);
+    const int dt = dtype_code(w[0]->dtype), cols = w[0]->cols;
+    /* bytes of a row's codes (or values) and of its scales */
+    const size_t rb = (size_t)cols * dtype_size(w[0]->dtype), sb = dt == CUDA_Q8 ? (size_t)cols / 32 * 4 : 0;
+    char *p = arena_take(g, cuda_weight_bytes(dt, rows, cols));
     if (!p) { snprintf(err, errlen, "-dev cuda: %s: the weights outgrew the arena sized for them", name); return -1; }
-    *d = (DevW){p, dtype_code(w[0]->dtype), rows, w[0]->cols};
+    *d = (DevW){p, dt, rows, cols};
+    char *scales = p + rows * rb;
     for (int i = 0; i < count; i++) {
-        const size_t b = (size_t)w[i]->rows * w[i]->cols * dtype_size(w[i]->dtype);
-        if (cuda_upload(p, w[i]->data, b, name, err, errlen)) return -1;
-        p += b;
+        if (cuda_upload(p, w[i]->data, w[i]->rows * rb, name, err, errlen) ||
+            (sb && cuda_upload(scales, w[i]->scale, w[i]->rows * sb, name, err, errlen)))
+            return -1;
+        p += w[i]->rows * rb, scales += w[i]->rows * sb;
     }
     return 0;
 }
@@ -223,18 +231,26 @@ static int up_interleaved(GpuModel *g, const Weight *wg, const Weight *wu, DevW 
         snprintf(err, errlen, "-dev cuda: %s: gate_proj and up_proj differ in dtype or shape", name);
         return -1;
     }
-    const size_t row = (size_t)wg->cols * dtype_size(wg->dtype), bytes = 2 * row * wg->rows;
+    const int dt = dtype_code(wg->dtype);
+    /* bytes of a row's codes (or values) and of its scales (q8) */
+    const size_t row = (size_t)wg->cols * dtype_size(wg->dtype), sb = dt == CUDA_Q8 ? (size_t)wg->cols / 32 * 4 : 0;
+    const size_t bytes = cuda_weight_bytes(dt, 2 * wg->rows, wg->cols);
     char *h = malloc(bytes);
     if (!h) { snprintf(err, errlen, "out of memory staging %s", name); return -1; }
+    char *hs = h + 2 * row * wg->rows;
     for (int i = 0; i < wg->rows; i++) {
         memcpy(h + 2 * i * row, (const char *)wg->data + i * row, row);
         memcpy(h + (2 * i + 1) * row, (const char *)wu->data + i * row, row);
+        if (sb) {
+            memcpy(hs + 2 * i * sb, (const char *)wg->scale + i * sb, sb);
+            memcpy(hs + (2 * i + 1) * sb, (const char *)wu->scale + i * sb, sb);
+        }
     }
     void *p = arena_take(g, bytes);
     int rc = -1;
     if (!p) snprintf(err, errlen, "-dev cuda: %s: the weights outgrew the arena sized for them", name);
     else {
-        *d = (DevW){p, dtype_code(wg->dtype), 2 * wg->rows, wg->cols};
+        *d = (DevW){p, dt, 2 * wg->rows, wg->cols};
         rc = cuda_upload(p, h, bytes, name, err, errlen);
     }
     free(h);
@@ -360,6 +376,10 @@ int gpu_model_open(GpuModel **out, const Model *m, char *err, size_t errlen) {
     /* sizes first, so that a model too big is one line before any copy */
     size_t total = 0;
     const int tied = m->lm_head.data == m->embed.data;
+    if (m->embed.dtype == DT_Q8) {
+        snprintf(err, errlen, "-dev cuda: embed_tokens.weight is q8: the GPU's embedding reads f32, f16 or bf16 rows");
+        goto fail;
+    }
     if (weight_fits(&m->embed, "embed_tokens.weight", &total, err, errlen) ||
         (!tied && weight_fits(&m->lm_head, "lm_head.weight", &total, err, errlen)))
         goto fail;
@@ -400,7 +420,7 @@ fail:
     return -1;
 }
 
-int gpu_model_random(GpuModel **out, const Config *c, unsigned long long seed, char *err, size_t errlen) {
+int gpu_model_random(GpuModel **out, const Config *c, int q8, unsigned long long seed, char *err, size_t errlen) {
     *out = NULL;
     if (gpu_supports(c, NULL, err, errlen)) return -1;
     GpuModel *g = calloc(1, sizeof *g);
@@ -414,25 +434,33 @@ int gpu_model_random(GpuModel **out, const Config *c, unsigned long long seed, c
     if (open_common(g, err, errlen)) goto fail;
     const size_t H = c->hidden, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     const size_t V = c->vocab_size, I = c->ffn;
-    const size_t per_layer = align256((qd + 2 * kvd) * H * 2) + align256(H * qd * 2) + align256(2 * I * H * 2) +
-                             align256(H * I * 2) + 2 * align256(H * 4) + 2 * align256((size_t)c->head_dim * 4);
-    const size_t total = align256(V * H * 2) * (c->tie_embeddings ? 1 : 2) + align256(H * 4) + per_layer * c->n_layers;
+    /* matrices in bf16, or q8 but for the embedding */
+    const int dt = q8 ? CUDA_Q8 : CUDA_BF16;
+#define WB(r, cl) align256(cuda_weight_bytes(dt, (int)(r), (int)(cl)))
+    const size_t per_layer = WB(qd + 2 * kvd, H) + WB(H, qd) + WB(2 * I, H) + WB(H, I) + 2 * align256(H * 4) +
+                             2 * align256((size_t)c->head_dim * 4);
+    const size_t total = align256(V * H * 2) + (c->tie_embeddings && !q8 ? 0 : WB(V, H)) + align256(H * 4) +
+                         per_layer * c->n_layers;
+#undef WB
     if (!(g->arena = cuda_alloc(total, "the weights", err, errlen))) goto fail;
     g->arena_bytes = total;
     /* weights uniform in +-1/sqrt(cols), so activations stay in range; norms 1 */
     unsigned long long s = seed;
 #define RAND_W(dw, r, cl)                                                                                              \
     do {                                                                                                               \
-        (dw) = (DevW){arena_take(g, (size_t)(r) * (cl) * 2), CUDA_BF16, (int)(r), (int)(cl)};                         \
-        cuda_fill_random((void *)(dw).d, (size_t)(r) * (cl), s++, 1.0f / sqrtf((float)(cl)));                          \
+        (dw) = (DevW){arena_take(g, cuda_weight_bytes(dt, (int)(r), (int)(cl))), dt, (int)(r), (int)(cl)};           \
+        if (dt == CUDA_Q8) cuda_fill_random_q8((void *)(dw).d, (int)(r), (int)(cl), s++, 1.0f / sqrtf((float)(cl)));   \
+        else cuda_fill_random((void *)(dw).d, (size_t)(r) * (cl), s++, 1.0f / sqrtf((float)(cl)));                    \
     } while (0)
 #define ONES(dv, count)                                                                                                \
     do {                                                                                                               \
         (dv) = arena_take(g, (size_t)(count) * 4);                                                                     \
         cuda_fill_ones((dv), (size_t)(count));                                                                         \
     } while (0)
-    RAND_W(g->embed, V, H);
-    if (c->tie_embeddings) g->lm_head = g->embed;
+    g->embed = (DevW){arena_take(g, V * H * 2), CUDA_BF16, (int)V, (int)H};
+    cuda_fill_random((void *)g->embed.d, V * H, s++, 1.0f / sqrtf((float)H));
+    /* -wq q8 converts a tied lm_head to a matrix of its own */
+    if (c->tie_embeddings && !q8) g->lm_head = g->embed;
     else RAND_W(g->lm_head, V, H);
     ONES(g->final_norm, H);
     for (int l = 0; l < c->n_layers; l++) {
@@ -849,8 +877,8 @@ int gpu_model_open(GpuModel **g, const Model *m, char *err, size_t errlen) {
     *g = NULL;
     return gpu_supports(&m->cfg, NULL, err, errlen) ? -1 : no_cuda(err, errlen);
 }
-int gpu_model_random(GpuModel **g, const Config *c, unsigned long long seed, char *err, size_t errlen) {
-    (void)c, (void)seed;
+int gpu_model_random(GpuModel **g, const Config *c, int q8, unsigned long long seed, char *err, size_t errlen) {
+    (void)c, (void)q8, (void)seed;
     *g = NULL;
     return no_cuda(err, errlen);
 }

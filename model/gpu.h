@@ -44,8 +44,9 @@ int gpu_kv_fmt(const char *name);
 /* Opens the device and uploads m's weights (and its MTP module's). */
 int gpu_model_open(GpuModel **g, const Model *m, char *err, size_t errlen);
 /* The shape of c with random bf16 weights made on the device (benchmarks:
- * no checkpoint needed); RoPE uses the plain theta frequencies. */
-int gpu_model_random(GpuModel **g, const Config *c, unsigned long long seed, char *err, size_t errlen);
+ * no checkpoint needed), or q8 ones (q8 1: every matrix but the
+ * embedding, as -wq q8 makes them); RoPE uses the plain theta frequencies. */
+int gpu_model_random(GpuModel **g, const Config *c, int q8, unsigned long long seed, char *err, size_t errlen);
 void gpu_model_free(GpuModel *g);
 /* "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GB)", and the bytes the
  * weights take there. */

@@ -143,25 +143,43 @@ static void *rand_weight(Weight *w, DType t, int rows, int cols) {
     return h;
 }
 
+/* W [rows, cols] random as q8 blocks (weight_quantize_q8 of random f32):
+ * w the CPU's (weight_free), the bytes returned the device's layout of
+ * the same (kernels/cuda.h: the codes, then the scales). */
+static void *rand_q8(Weight *w, int rows, int cols) {
+    Weight f;
+    void *hf = rand_weight(&f, DT_F32, rows, cols);
+    cr_assert_eq(weight_quantize_q8(&f, w), 0);
+    free(hf);
+    const size_t n = (size_t)rows * cols;
+    char *h = malloc(cuda_weight_bytes(CUDA_Q8, rows, cols));
+    memcpy(h, w->data, n);
+    memcpy(h + n, w->scale, n / 32 * sizeof(float));
+    return h;
+}
+
 Test(cuda, matmul_matches_matmul_ref) {
     need_gpu();
-    const DType types[] = {DT_BF16, DT_F16, DT_F32};
-    const int codes[] = {CUDA_BF16, CUDA_F16, CUDA_F32};
+    const DType types[] = {DT_BF16, DT_F16, DT_F32, DT_Q8};
+    const int codes[] = {CUDA_BF16, CUDA_F16, CUDA_F32, CUDA_Q8};
     const int ns[] = {1, 2, 3, 5, 8, 9, 70, 130};
-    /* 320 x 1024 and 64 x 96 take the tensor cores' tiles in bf16; the others the f32 ones */
-    const int shapes[][2] = {{300, 1032}, {64, 8}, {1000, 2048}, {320, 1024}, {64, 96}};
-    for (int t = 0; t < 3; t++)
-        for (int s = 0; s < 5; s++)
+    /* 320 x 1024 and 64 x 96 take the tensor cores' tiles in bf16; the
+     * others the f32 ones; q8 every shape of 32-column blocks (200 x 160:
+     * rows off the tiles) on its own tensor-core kernel */
+    const int shapes[][2] = {{300, 1032}, {64, 8}, {1000, 2048}, {320, 1024}, {64, 96}, {200, 160}};
+    for (int t = 0; t < 4; t++)
+        for (int s = 0; s < 6; s++)
             for (int k = 0; k < 8; k++) {
                 const int rows = shapes[s][0], cols = shapes[s][1], n = ns[k];
+                if (types[t] == DT_Q8 && cols % 32) continue;
                 Weight w;
-                void *hw = rand_weight(&w, types[t], rows, cols);
+                void *hw = types[t] == DT_Q8 ? rand_q8(&w, rows, cols) : rand_weight(&w, types[t], rows, cols);
                 float *x = malloc((size_t)n * cols * 4), *y = malloc((size_t)n * rows * 4),
                       *want = malloc((size_t)n * rows * 4), *y0 = malloc((size_t)n * rows * 4);
                 fill(x, n * cols);
                 fill(y0, n * rows);
                 matmul_ref(want, x, &w, n);
-                void *dw = up(hw, (size_t)rows * cols * dtype_size(types[t]));
+                void *dw = up(hw, cuda_weight_bytes(codes[t], rows, cols));
                 float *dx = up(x, (size_t)n * cols * 4), *dy = up(NULL, (size_t)n * rows * 4);
                 cuda_matmul(dy, dx, dw, codes[t], rows, cols, n, 0);
                 down(y, dy, (size_t)n * rows * 4);
@@ -176,6 +194,7 @@ Test(cuda, matmul_matches_matmul_ref) {
                           "from y + (x W^T)", t, rows, cols, n);
                 cuda_free(dw), cuda_free(dx), cuda_free(dy);
                 free(hw), free(x), free(y), free(want), free(y0);
+                if (types[t] == DT_Q8) weight_free(&w);
             }
 }
 
@@ -183,19 +202,19 @@ Test(cuda, matmul_matches_matmul_ref) {
  * every dtype, 1 to 8 tokens, one warp per row (8192 rows) and eight (512). */
 Test(cuda, matvec_fusions_equal_their_parts) {
     need_gpu();
-    const DType types[] = {DT_BF16, DT_F16, DT_F32};
-    const int codes[] = {CUDA_BF16, CUDA_F16, CUDA_F32}, halves[] = {256, 4096}, ns[] = {1, 3, 8};
+    const DType types[] = {DT_BF16, DT_F16, DT_F32, DT_Q8};
+    const int codes[] = {CUDA_BF16, CUDA_F16, CUDA_F32, CUDA_Q8}, halves[] = {256, 4096}, ns[] = {1, 3, 8};
     const int H = 256;
-    for (int t = 0; t < 3; t++)
+    for (int t = 0; t < 4; t++)
         for (int k = 0; k < 2; k++)
             for (int c = 0; c < 3; c++) {
                 const int I = halves[k], n = ns[c];
                 Weight w;
-                void *hw = rand_weight(&w, types[t], 2 * I, H);
+                void *hw = types[t] == DT_Q8 ? rand_q8(&w, 2 * I, H) : rand_weight(&w, types[t], 2 * I, H);
                 float *x = malloc(n * H * 4), *nw = malloc(H * 4), *a = malloc(n * 2 * I * 4),
                       *b = malloc(n * 2 * I * 4);
                 fill(x, n * H), fill(nw, H);
-                void *dw = up(hw, (size_t)2 * I * H * dtype_size(types[t]));
+                void *dw = up(hw, cuda_weight_bytes(codes[t], 2 * I, H));
                 float *dx = up(x, n * H * 4), *dnw = up(nw, H * 4), *dxb = up(NULL, n * H * 4),
                       *dgu = up(NULL, n * 2 * I * 4), *dy1 = up(NULL, n * 2 * I * 4), *dy2 = up(NULL, n * 2 * I * 4);
                 cuda_rmsnorm(dxb, H, dx, H, dnw, n, H, 1e-6f);
@@ -213,6 +232,7 @@ Test(cuda, matvec_fusions_equal_their_parts) {
                 cuda_free(dw), cuda_free(dx), cuda_free(dnw), cuda_free(dxb), cuda_free(dgu), cuda_free(dy1);
                 cuda_free(dy2);
                 free(hw), free(x), free(nw), free(a), free(b);
+                if (types[t] == DT_Q8) weight_free(&w);
             }
 }
 
@@ -682,7 +702,7 @@ Test(cuda, out_of_memory_names_what_and_leaves_nothing) {
     c.n_layers = (int)(2 * total / 1.9e9) + 1;
     GpuModel *g = NULL;
     char err[512] = "";
-    cr_expect_eq(gpu_model_random(&g, &c, 1, err, sizeof err), -1, "%d layers of 1.9 GB fit?", c.n_layers);
+    cr_expect_eq(gpu_model_random(&g, &c, 0, 1, err, sizeof err), -1, "%d layers of 1.9 GB fit?", c.n_layers);
     cr_expect(strstr(err, "out of GPU memory for the weights:") && strstr(err, "GB free"), "%s", err);
     cr_expect_null(g);
     cuda_mem(&now, &total);
@@ -691,7 +711,7 @@ Test(cuda, out_of_memory_names_what_and_leaves_nothing) {
      * 40 layers x 8 kv heads x 1 GB of f32 K and V each */
     c.hidden = 1024, c.n_heads = 16, c.ffn = 3072, c.n_layers = 40, c.max_pos = 1 << 20;
     cuda_mem(&free0, &total);
-    cr_assert_eq(gpu_model_random(&g, &c, 1, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(gpu_model_random(&g, &c, 0, 1, err, sizeof err), 0, "%s", err);
     KVCache kv;
     KVSpec spec;
     cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
@@ -771,6 +791,47 @@ Test(cuda, shipped_model_matches_golden_logits) {
     free(want), free(mwant), free(got), free(hidden), free(step);
     kv_cache_free(&kv), kv_cache_free(&mkv);
     model_free(&m);
+}
+
+/* -wq q8 on the GPU: the blocks model_quantize made, uploaded as they
+ * are, against the CPU over the same blocks; a prefill (the q8
+ * tensor-core matmul) and step by step (the decode matmul). Only the
+ * order of the sums differs: a block's sum then its scale, against the
+ * CPU's chain of products of scaled codes. */
+Test(cuda, q8_weights_match_the_cpu, .timeout = 120) {
+    need_gpu();
+    Model cm, gm, *ms[2] = {&cm, &gm};
+    KVCache ck, gk, *ks[2] = {&ck, &gk};
+    KVSpec spec;
+    int ids[1024];
+    char err[512];
+    cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(model_load(ms[i], "models/qwen3-kjv-mtp", MODEL_MAPPED, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_quantize(ms[i], MODEL_MAIN, err, sizeof err), 0, "%s", err);
+        if (i) cr_assert_eq(model_to_gpu(ms[i], err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_kv_init(ms[i], ks[i], &spec, 512, 0, err, sizeof err), 0, "%s", err);
+    }
+    const int n = read_tokens("tests/data/golden/qwen3-kjv-mtp/tokens.txt", ids, 1024), V = cm.cfg.vocab_size;
+    const size_t N = (size_t)n * V;
+    float *c = malloc(N * 4), *g = malloc(N * 4), *step = malloc((size_t)V * 4);
+    cr_assert_eq(model_forward(&cm, &ck, ids, n, c, 1, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_forward(&gm, &gk, ids, n, g, 1, NULL, err, sizeof err), 0, "%s", err);
+    size_t at = 0;
+    const double e = max_abs(g, c, N, &at);
+    cr_expect(e <= 1e-3, "prefill: max-abs %g at position %zu", e, at / V);
+    kv_cache_truncate(&gk, 0);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(model_forward(&gm, &gk, ids + i, 1, step, 0, NULL, err, sizeof err), 0, "%s", err);
+        worst = fmax(worst, max_abs(step, c + (size_t)i * V, V, &at));
+    }
+    cr_expect(worst <= 1e-3, "decode step by step: max-abs %g", worst);
+    fprintf(stderr, "q8 weights: GPU against CPU logits over %d positions, max-abs %g (prefill), %g (decode)\n", n, e,
+            worst);
+    free(c), free(g), free(step);
+    kv_cache_free(&ck), kv_cache_free(&gk);
+    model_free(&cm), model_free(&gm);
 }
 
 /* Greedy text from ./run, its stderr checked: -dev cuda with and without
@@ -907,7 +968,10 @@ Test(cuda, greedy_tokens_match_the_cpu_and_speculation, .timeout = 120) {
          *polar4 = run_text("", "-dev cuda -kv polar4 -spec 0", 1, 0),
          *polar4spec = run_text("", "-dev cuda -kv polar4 -spec 3", 1, 1),
          *cpu_t = run_text("", "-dev cpu -kv f32 -spec 0 -t 0.8 -k 40 -p 0.95 -s 7 --repeat-penalty 1.1", 0, 0),
-         *gpu_t = run_text("", "-dev cuda -kv f32 -spec 0 -t 0.8 -k 40 -p 0.95 -s 7 --repeat-penalty 1.1", 1, 0);
+         *gpu_t = run_text("", "-dev cuda -kv f32 -spec 0 -t 0.8 -k 40 -p 0.95 -s 7 --repeat-penalty 1.1", 1, 0),
+         *cpu_w8 = run_text("", "-dev cpu -wq q8 -kv f32 -spec 0", 0, 0),
+         *gpu_w8 = run_text("", "-dev cuda -wq q8 -kv f32 -spec 0", 1, 0),
+         *gpu_w8spec = run_text("", "-dev cuda -wq q8 -kv f32 -spec 3", 1, 1);
     cr_expect_str_eq(gpu, cpu, "GPU greedy text differs from the CPU's");
     cr_expect_str_eq(spec, gpu, "GPU -spec 3 differs from -spec 0");
     cr_expect_str_eq(plain, spec, "GPU without graphs differs from with them");
@@ -921,9 +985,11 @@ Test(cuda, greedy_tokens_match_the_cpu_and_speculation, .timeout = 120) {
     /* the same seed draws the same text: the coin falls near a boundary
      * between two tokens' shares (1e-5 wide, to rounding) rarely */
     cr_expect_str_eq(gpu_t, cpu_t, "GPU sampled text (seed 7) differs from the CPU's");
+    cr_expect_str_eq(gpu_w8, cpu_w8, "GPU -wq q8 greedy text differs from the CPU's");
+    cr_expect_str_eq(gpu_w8spec, gpu_w8, "GPU -wq q8: -spec 3 differs from -spec 0");
     free(cpu), free(gpu), free(spec), free(plain), free(nopdl), free(f16), free(f16spec), free(q8), free(q8spec);
     free(cpu_t), free(gpu_t), free(tbq4), free(tbq4spec), free(tbq2), free(tbq2spec), free(q4h), free(q4hspec);
-    free(polar4), free(polar4spec);
+    free(polar4), free(polar4spec), free(cpu_w8), free(gpu_w8), free(gpu_w8spec);
 }
 
 #endif

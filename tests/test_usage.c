@@ -307,7 +307,6 @@ Test(usage, device_option) {
         {"-dev cuda -ctk f16 -ctv f32 -n 1", "K and V in different schemes (f16/f32)"},
         {"-dev cuda -m kvstats -i x", "-m kvstats runs on the CPU only"},
         {"-dev cuda -m compare -kv f16,kivi2 -i x", "KV scheme kivi2 has no CUDA kernel yet"},
-        {"-dev cuda -wq q8 -n 1", "-wq q8 has no CUDA kernel yet"},
         {"-dev cuda -act bf16 -n 1", "-act bf16 is the CPU's"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {

@@ -13,11 +13,12 @@
  * decode step alone, in microseconds, at 0 and 32K positions; and decode
  * over each KV scheme the GPU takes at 4K, 32K and 128K positions, with
  * the cache bytes a token reads and the bandwidth that reading reached
- * (those bytes over the step's time beyond a step at context 0).
+ * (those bytes over the step's time beyond a step at context 0); then
+ * decode and prefill of each shape with -wq q8's weights.
  *
- *   build/bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes]
+ *   build/bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes | --q8]
  *
- * --schemes: only the table over the KV schemes.
+ * --schemes: only the table over the KV schemes; --q8: only -wq q8's.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,29 +101,45 @@ static double prefill_s(GpuModel *g, KVCache *kv, int n, float *logits) {
     return best;
 }
 
-/* A prefill GEMM alone: 4096 tokens through a bf16 [rows, cols] matrix
- * (the tensor-core path), in TFLOP/s. */
-static void gemm_alone(int rows, int cols, int n) {
+/* A prefill GEMM alone: 4096 tokens through a bf16 or q8 (dt) [rows,
+ * cols] matrix (the tensor-core paths), in TFLOP/s. */
+static void gemm_alone(int dt, int rows, int cols, int n) {
     char err[512];
-    void *w = cuda_alloc((size_t)rows * cols * 2, "GEMM weights", err, sizeof err);
+    void *w = cuda_alloc(cuda_weight_bytes(dt, rows, cols), "GEMM weights", err, sizeof err);
     float *x = cuda_alloc((size_t)n * cols * 4, "GEMM input", err, sizeof err);
     float *y = cuda_alloc((size_t)n * rows * 4, "GEMM output", err, sizeof err);
     if (!w || !x || !y) die("GEMM", err);
-    cuda_fill_random(w, (size_t)rows * cols, 3, 0.05f);
+    if (dt == CUDA_Q8) cuda_fill_random_q8(w, rows, cols, 3, 0.05f);
+    else cuda_fill_random(w, (size_t)rows * cols, 3, 0.05f);
     /* f32 inputs from random bf16 pairs: finite values in [-1, 1] */
     cuda_fill_random(x, (size_t)n * cols * 2, 4, 1.0f);
-    cuda_matmul(y, x, w, CUDA_BF16, rows, cols, n, 0);
+    cuda_matmul(y, x, w, dt, rows, cols, n, 0);
     double best = 1e9;
     for (int r = 0; r < 3; r++) {
         cuda_timer_start();
-        cuda_matmul(y, x, w, CUDA_BF16, rows, cols, n, 0);
+        cuda_matmul(y, x, w, dt, rows, cols, n, 0);
         const double t = cuda_timer_stop();
         best = t < best ? t : best;
     }
     if (cuda_sync("GEMM", err, sizeof err)) die("GEMM", err);
-    printf("GEMM alone, %d tokens x [%d, %d] bf16 (x split in three): %.1f TFLOP/s\n", n, rows, cols,
-           2.0 * n * rows * cols / best / 1e12);
+    printf("GEMM alone, %d tokens x [%d, %d] %s (x split in three): %.1f TFLOP/s\n", n, rows, cols,
+           dt == CUDA_Q8 ? "q8" : "bf16", 2.0 * n * rows * cols / best / 1e12);
     cuda_free(w), cuda_free(x), cuda_free(y);
+}
+
+/* Prefill of 512 and 4096 tokens from an empty cache, with the matmuls'
+ * TFLOP/s (2 x the matrices' weights but the lm_head's, per token), then
+ * one gate|up GEMM of weights dt alone. */
+static void prefill_table(GpuModel *g, KVCache *kv, const Config *c, int dt, float *logits) {
+    const double flops = 2 * (step_weight_bytes(c) / 2 - (double)c->vocab_size * c->hidden);
+    printf("| prefill tokens | tok/s | matmul TFLOP/s over the whole prefill |\n|---|---|---|\n");
+    const int ns[] = {512, 4096};
+    for (int i = 0; i < 2; i++) {
+        const double t = prefill_s(g, kv, ns[i], logits);
+        printf("| %d | %.0f | %.1f |\n", ns[i], ns[i] / t, flops * ns[i] / t / 1e12);
+        fflush(stdout);
+    }
+    gemm_alone(dt, c->ffn * 2, c->hidden, 4096);
 }
 
 /* Decode over each scheme's cache at 4K, 32K and 128K positions (one
@@ -160,7 +177,7 @@ static void bench_shape(const char *name, int steps, double bw, int schemes_only
     size_t free0 = 0, total = 0, free1 = 0;
     cuda_mem(&free0, &total);
     GpuModel *g;
-    if (gpu_model_random(&g, &c, 1, err, sizeof err)) die(name, err);
+    if (gpu_model_random(&g, &c, 0, 1, err, sizeof err)) die(name, err);
     if (schemes_only) {
         printf("\n%s shape: decode over each KV scheme\n", name);
         scheme_table(g, steps, bw, step_weight_bytes(&c));
@@ -251,30 +268,51 @@ static void bench_shape(const char *name, int steps, double bw, int schemes_only
         if (gpu_kv_fill_random(&kv, ctxs[i], 7, err, sizeof err) || gpu_profile(g, &kv, 200, stdout, err, sizeof err))
             die("profile", err);
     }
-    const double flops = 2 * (step_weight_bytes(&c) / 2 - (double)c.vocab_size * c.hidden);
-    printf("| prefill tokens | tok/s | matmul TFLOP/s over the whole prefill |\n|---|---|---|\n");
-    const int ns[] = {512, 4096};
-    for (int i = 0; i < 2; i++) {
-        const double t = prefill_s(g, &kv, ns[i], logits);
-        printf("| %d | %.0f | %.1f |\n", ns[i], ns[i] / t, flops * ns[i] / t / 1e12);
-        fflush(stdout);
-    }
-    gemm_alone(c.ffn * 2, c.hidden, 4096);
+    prefill_table(g, &kv, &c, CUDA_BF16, logits);
     free(logits);
     kv_cache_free(&kv);
     scheme_table(g, steps, bw, wbytes);
     gpu_model_free(g);
 }
 
+/* The same shape with -wq q8's weights (every matrix but the embedding
+ * in q8 blocks, 1.125 bytes a weight): decode over an f16 cache and
+ * prefill, as above. */
+static void bench_q8_weights(const char *name, int steps, double bw) {
+    char err[512];
+    Config c = shape(name);
+    GpuModel *g;
+    if (gpu_model_random(&g, &c, 1, 1, err, sizeof err)) die(name, err);
+    KVCache kv;
+    KVSpec spec = {kv_find("f16"), kv_find("f16"), {0, 0}, {0, 0}};
+    if (gpu_kv_init(g, &kv, &spec, 32768 + 64, 0, err, sizeof err)) die(name, err);
+    float *logits = malloc((size_t)c.vocab_size * sizeof(float));
+    const double wbytes = step_weight_bytes(&c) / 2 * 1.125;
+    const double kv_pos = (double)c.n_layers * c.n_kv_heads * c.head_dim * 2 * 2;
+    printf("\n%s shape, -wq q8 weights (%.2f GB), f16 cache\n| context | tok/s (graph) | roofline |\n|---|---|---|\n",
+           name, gpu_model_bytes(g) / 1e9);
+    const int ctxs[] = {0, 4096, 32768};
+    for (int i = 0; i < 3; i++) {
+        const double t = decode_s(g, &kv, ctxs[i], steps, logits);
+        printf("| %d | %.1f | %.2f |\n", ctxs[i], 1 / t, (wbytes + kv_pos * ctxs[i]) / (bw * 1e9) / t);
+        fflush(stdout);
+    }
+    prefill_table(g, &kv, &c, CUDA_Q8, logits);
+    free(logits);
+    kv_cache_free(&kv);
+    gpu_model_free(g);
+}
+
 int main(int argc, char **argv) {
     const char *which = "all";
-    int steps = 50, schemes_only = 0;
+    int steps = 50, schemes_only = 0, q8_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) which = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--schemes")) schemes_only = 1;
+        else if (!strcmp(argv[i], "--q8")) q8_only = 1;
         else {
-            fprintf(stderr, "usage: bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes]\n");
+            fprintf(stderr, "usage: bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes | --q8]\n");
             return 2;
         }
     }
@@ -288,7 +326,10 @@ int main(int argc, char **argv) {
     const double bw = cuda_copy_gbps((size_t)1 << 30);
     printf("device: %s, sm_%d%d, %d SMs, %.1f GB; device-to-device copy %.0f GB/s (read + write)\n", info.name,
            info.cc_major, info.cc_minor, info.sm_count, info.mem_total / 1e9, bw);
-    if (!strcmp(which, "all") || !strcmp(which, "0.6b")) bench_shape("0.6b", steps, bw, schemes_only);
-    if (!strcmp(which, "all") || !strcmp(which, "8b")) bench_shape("8b", steps, bw, schemes_only);
+    const int six = !strcmp(which, "all") || !strcmp(which, "0.6b"), eight = !strcmp(which, "all") || !strcmp(which, "8b");
+    if (six && !q8_only) bench_shape("0.6b", steps, bw, schemes_only);
+    if (eight && !q8_only) bench_shape("8b", steps, bw, schemes_only);
+    if (six && !schemes_only) bench_q8_weights("0.6b", steps, bw);
+    if (eight && !schemes_only) bench_q8_weights("8b", steps, bw);
     return 0;
 }

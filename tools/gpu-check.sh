@@ -12,7 +12,8 @@
 # Steps: the device; the CUDA tests (tests/test_cuda.c: every op against
 # its CPU twin, the shipped model against golden logits and the CPU's
 # greedy tokens); the CLI on the GPU; the benchmark (tools/bench_cuda.c);
-# with NCU=1, a profile of the decode attention (below).
+# with NCU=1, a profile of the decode attention (below). The tests, the
+# CLI and the bench stop at 150, 60 a command and 200 seconds.
 # Exit status: that of the tests.
 OUT=${OUT:-gpu-check}
 BUILD=${BUILD:-build-gpu}
@@ -56,6 +57,12 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
             timeout 60 "$BUILD/run" -dev $dev -m ppl -kv $kv -f tools/data/heldout.txt 2>&1 | tail -n 3
         done
     done
+    echo "== -wq q8 weights, greedy: cpu, then cuda -spec 0 and 3; ppl cpu then cuda"
+    timeout 60 "$BUILD/run" -dev cpu -wq q8 -kv f32 -t 0 -n 64 -spec 0 -i "And God said"
+    for s in 0 3; do timeout 60 "$BUILD/run" -dev cuda -wq q8 -kv f32 -t 0 -n 64 -spec $s -i "And God said"; done
+    for dev in cpu cuda; do
+        timeout 60 "$BUILD/run" -dev $dev -wq q8 -m ppl -kv f32 -f tools/data/heldout.txt 2>&1 | tail -n 3
+    done
     echo "== refusals (usage errors: exit 2)"
     timeout 30 "$BUILD/run" -dev cuda -kv kivi2 -n 4; echo "exit $?"
     timeout 30 "$BUILD/run" -dev cuda -m kvstats -i "In the beginning"; echo "exit $?"
@@ -65,7 +72,7 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
 speeds=$(grep 'device=' "$OUT/cli.txt" | sed 's/.*\(decode_tps=[0-9.]*\).*\(device=[a-z]*\).*/\1 \2/' | tr '\n' ';')
 log "cli: $(grep -c '^stats:' "$OUT/cli.txt") stats lines; $speeds"
 
-timeout 150 "$BUILD/bench_cuda" > "$OUT/bench.txt" 2>&1
+timeout 200 "$BUILD/bench_cuda" > "$OUT/bench.txt" 2>&1
 log "bench: exit $?"
 cat "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
 
