@@ -184,7 +184,7 @@ static void usage(FILE *f) {
             "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the same\n"
             "  -dev DEVICE      cpu | cuda (the whole forward, the cache and sampling on GPU 0; -kv\n"
             "                   f32, f16, q8, q4, q4h, tbq4/3/2, lm3 or polar4; -wq stored or q8;\n"
-            "                   every mode but kvstats) |\n"
+            "                   every mode but kvstats; compare not with -wq q8) |\n"
             "                   auto (default: cuda when this binary has it, a GPU is there and the\n"
             "                   run is one it takes, else cpu) (--device)\n"
             "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the\n"
@@ -900,14 +900,8 @@ static int run_compare(Run *r) {
     Model ref;
     const int two = r->a.wq_q8 || r->a.act_bf16;
     int n_gen = r->a.set_n && r->a.n >= 0 ? r->a.n : 64;
-    /* on the GPU the reference goes there too, from the mapping */
-    if (two && model_load_source(&ref, &r->src, r->m.gpu ? MODEL_MAPPED : 0, err, sizeof err)) {
+    if (two && model_load_source(&ref, &r->src, 0, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
-        return 1;
-    }
-    if (two && r->m.gpu && model_to_gpu(&ref, err, sizeof err)) {
-        fprintf(stderr, "error: %s\n", err);
-        model_free(&ref);
         return 1;
     }
     const char *what = r->a.wq_q8 ? "q8" : "act bf16";
@@ -1571,6 +1565,9 @@ static int gpu_refuses_options(const Run *r, char *err, size_t errlen) {
         snprintf(err, errlen, "-dev cuda: -m %s runs on the CPU only (so far; use -dev cpu)", a->mode);
     else if (a->session)
         snprintf(err, errlen, "-dev cuda: --session: a cache on the GPU cannot be saved yet (use -dev cpu)");
+    else if (a->wq_q8 && !strcmp(a->mode, "compare"))
+        snprintf(err, errlen, "-dev cuda: -m compare -wq q8 runs on the CPU only (so far: its stored-weights reference "
+                              "is a second model; use -dev cpu)");
     else if (a->act_bf16) snprintf(err, errlen, "-dev cuda: -act bf16 is the CPU's AVX-512 BF16 mode (use -act f32 or "
                                    "-dev cpu)");
     else {

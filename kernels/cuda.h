@@ -174,9 +174,10 @@ void cuda_find_nonfinite(int *d_out, const float *d_x, int n, int width);
 /* Rows of x up to which a matmul streams W once (the decode form). */
 #define CUDA_MATVEC_MAX 8
 /* y [n, rows] = x [n, cols] W^T (add: y += x W^T), W [rows, cols] of
- * dtype, cols a multiple of 8 (of 32 for CUDA_Q8). Up to 8 rows of x stream W once (decode,
- * verification); more go through shared-memory tiles (prefill). f32 sums
- * throughout. */
+ * dtype, cols a multiple of 8 (of 32 for CUDA_Q8, whose W is always a
+ * whole matrix: its scales lie rows * cols bytes on). Up to 8 rows of x
+ * stream W once (decode, verification); more go through shared-memory
+ * tiles (prefill). f32 sums throughout. */
 void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int rows, int cols, int n, int add);
 
 /* The decode form (n <= CUDA_MATVEC_MAX) with what surrounds a matmul in a layer taken

@@ -376,10 +376,6 @@ int gpu_model_open(GpuModel **out, const Model *m, char *err, size_t errlen) {
     /* sizes first, so that a model too big is one line before any copy */
     size_t total = 0;
     const int tied = m->lm_head.data == m->embed.data;
-    if (m->embed.dtype == DT_Q8) {
-        snprintf(err, errlen, "-dev cuda: embed_tokens.weight is q8: the GPU's embedding reads f32, f16 or bf16 rows");
-        goto fail;
-    }
     if (weight_fits(&m->embed, "embed_tokens.weight", &total, err, errlen) ||
         (!tied && weight_fits(&m->lm_head, "lm_head.weight", &total, err, errlen)))
         goto fail;

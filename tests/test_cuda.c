@@ -796,8 +796,9 @@ Test(cuda, shipped_model_matches_golden_logits) {
 /* -wq q8 on the GPU: the blocks model_quantize made, uploaded as they
  * are, against the CPU over the same blocks; a prefill (the q8
  * tensor-core matmul) and step by step (the decode matmul). Only the
- * order of the sums differs: a block's sum then its scale, against the
- * CPU's chain of products of scaled codes. */
+ * order of the sums differs: prefill sums a block then scales it,
+ * decode chains the products of scaled codes as the CPU does, in
+ * another order. */
 Test(cuda, q8_weights_match_the_cpu, .timeout = 120) {
     need_gpu();
     Model cm, gm, *ms[2] = {&cm, &gm};

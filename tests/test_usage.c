@@ -308,6 +308,7 @@ Test(usage, device_option) {
         {"-dev cuda -m kvstats -i x", "-m kvstats runs on the CPU only"},
         {"-dev cuda -m compare -kv f16,kivi2 -i x", "KV scheme kivi2 has no CUDA kernel yet"},
         {"-dev cuda -act bf16 -n 1", "-act bf16 is the CPU's"},
+        {"-dev cuda -m compare -wq q8 -i x", "-m compare -wq q8 runs on the CPU only"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
         cr_expect_eq(run(&o, &e, "%s", refused[i].args), 2, "%s", refused[i].args);

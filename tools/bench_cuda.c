@@ -326,7 +326,8 @@ int main(int argc, char **argv) {
     const double bw = cuda_copy_gbps((size_t)1 << 30);
     printf("device: %s, sm_%d%d, %d SMs, %.1f GB; device-to-device copy %.0f GB/s (read + write)\n", info.name,
            info.cc_major, info.cc_minor, info.sm_count, info.mem_total / 1e9, bw);
-    const int six = !strcmp(which, "all") || !strcmp(which, "0.6b"), eight = !strcmp(which, "all") || !strcmp(which, "8b");
+    const int six = !strcmp(which, "all") || !strcmp(which, "0.6b");
+    const int eight = !strcmp(which, "all") || !strcmp(which, "8b");
     if (six && !q8_only) bench_shape("0.6b", steps, bw, schemes_only);
     if (eight && !q8_only) bench_shape("8b", steps, bw, schemes_only);
     if (six && !schemes_only) bench_q8_weights("0.6b", steps, bw);
