@@ -500,12 +500,6 @@ typedef struct {
 } Run;
 
 /* The bytes the model's tensors take (on the CPU). */
-static size_t weight_bytes(const Model *m) {
-    size_t b = 0;
-    for (int i = 0; i < m->ts.n_tensors; i++) b += m->ts.tensors[i].nbytes;
-    return b;
-}
-
 /* The bytes an amount of memory takes, for people: "1.2 MB". */
 static void human_bytes(double b, char *out, size_t n) {
     const char *u[] = {"B", "KB", "MB", "GB", "TB"};
@@ -537,7 +531,7 @@ static void print_stats(const Run *r, const KVCache *kv) {
     const GpuModel *g = r->m.gpu;
     const double mem = g ? (double)gpu_model_mem(g) : (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     fprintf(stderr, " device=%s device_mem_bytes=%.0f model_bytes=%zu\n", g ? "cuda" : "cpu", mem,
-            g ? gpu_model_bytes(g) : weight_bytes(&r->m));
+            g ? gpu_model_bytes(g) : model_weight_bytes(&r->m));
 }
 
 /* ---------------------------------------------------------- generation */

@@ -553,6 +553,32 @@ int model_quantize(Model *m, int part, char *err, size_t errlen) {
     return 0;
 }
 
+/* One matrix: its elements, and q8's f32 scale per 32 of them. */
+static size_t matrix_bytes(const Weight *w) {
+    const size_t n = (size_t)w->rows * w->cols;
+    return n * dtype_size(w->dtype) + (w->dtype == DT_Q8 || w->dtype == DT_Q8I ? n / 32 * sizeof(float) : 0);
+}
+
+static size_t layer_bytes(const Layer *L) {
+    Weight *w[LAYER_MAX_MATRICES];
+    const char *names[LAYER_MAX_MATRICES];
+    size_t b = 0;
+    /* layer_matrices only lists the layer's own matrices; nothing is written */
+    for (int i = layer_matrices((Layer *)L, w, names); i-- > 0;) b += matrix_bytes(w[i]);
+    return b;
+}
+
+size_t model_weight_bytes(const Model *m) {
+    size_t b = matrix_bytes(&m->embed);
+    if (m->lm_head.data != m->embed.data) b += matrix_bytes(&m->lm_head);
+    for (int l = 0; l < m->cfg.n_layers; l++) b += layer_bytes(&m->layers[l]);
+    if (m->has_mtp) {
+        b += matrix_bytes(&m->mtp_fc) + layer_bytes(&m->mtp_layer);
+        if (m->mtp_head.data != m->lm_head.data && m->mtp_head.data != m->embed.data) b += matrix_bytes(&m->mtp_head);
+    }
+    return b;
+}
+
 int model_to_gpu(Model *m, char *err, size_t errlen) { return gpu_model_open(&m->gpu, m, err, errlen); }
 
 int model_samples_on_device(const Model *m) { return m->gpu && gpu_can_sample(m->gpu); }

@@ -123,11 +123,16 @@ int model_load_source(Model *m, const ModelSource *src, int flags, char *err, si
  * 0 ok; -1 (out of memory) with one line in err naming the tensor. */
 enum { MODEL_MAIN, MODEL_DRAFT };
 int model_quantize(Model *m, int part, char *err, size_t errlen);
+/* Bytes of the weight matrices as the forward reads them on the CPU (the
+ * embedding, lm_head where it is not the embedding, the layers', the MTP
+ * module's; q8 blocks with their scales): what the stats line reports. */
+size_t model_weight_bytes(const Model *m);
 void model_free(Model *m);
 /* Moves the forward to the CUDA GPU (model/gpu.h): uploads the weights
  * once, after which model_forward, model_mtp_forward and model_kv_init
  * run there. The model must be loaded with MODEL_MAPPED (weights in their
- * stored layout). 0 ok, -1 with one line in err (no device, a model or a
+ * stored layout), its matrices as stored or made q8 by model_quantize's
+ * MODEL_MAIN. 0 ok, -1 with one line in err (no device, a model or a
  * build it cannot run on, or out of GPU memory). */
 int model_to_gpu(Model *m, char *err, size_t errlen);
 /* Whether model_sample can draw this model's tokens where its logits are

@@ -382,3 +382,26 @@ Test(cli, thread_count_does_not_change_logits) {
     fclose(a), fclose(b);
     remove(paths[0]), remove(paths[1]);
 }
+
+/* The stats line's model_bytes: the matrices as the forward reads them.
+ * The shipped model (bf16, tied embedding; hidden 256, 6 layers of
+ * 983,040 weights, vocab 4160, an MTP layer and its 131,072-weight fc):
+ * (1,064,960 + 6 x 983,040 + 983,040 + 131,072) x 2 bytes = 16,154,624.
+ * With -wq q8 the layers and a q8 lm_head of its own take 1.125 bytes a
+ * weight (a scale per 32), the embedding and, at -spec 0, the MTP module
+ * stay bf16: 2,129,920 + 6,635,520 + 1,198,080 + 2,228,224 = 12,191,744. */
+Test(cli, stats_model_bytes_are_the_weights_read) {
+    static const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"models/qwen3-kjv-mtp -dev cpu -n 1 -t 0 -spec 0", " model_bytes=16154624\n"},
+        {"models/qwen3-kjv-mtp -dev cpu -n 1 -t 0 -spec 0 -wq q8", " model_bytes=12191744\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *out, *err;
+        cr_assert_eq(run(cases[i].args, &out, &err), 0, "%s: %s", cases[i].args, err);
+        expect_stats(err);
+        cr_expect(strstr(err, cases[i].want), "%s: expected%s in %s", cases[i].args, cases[i].want, err);
+        free(out), free(err);
+    }
+}
