@@ -179,8 +179,9 @@ static void usage(FILE *f) {
             "  -wq TYPE         matmul weights: stored (default) | q8 (converted at load to q8_0 blocks:\n"
             "                   9/16 of bf16's bytes); compare: the f32 reference keeps the stored ones\n"
             "  -act TYPE        matmul inputs: f32 (default, exact) | bf16 (rounded for AVX-512 BF16's\n"
-            "                   vdpbf16ps, like llama.cpp's bf16 path: prefill about 2x on AMD Zen 4,\n"
-            "                   logits move by about 0.5%%; a bf16 model read into memory needed)\n"
+            "                   vdpbf16ps or Arm's bfmlalb/t, like llama.cpp's bf16 path: prefill about\n"
+            "                   2x on AMD Zen 4, logits move by about 0.5%%; a bf16 model read into\n"
+            "                   memory needed)\n"
             "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the same\n"
             "  -dev DEVICE      cpu | cuda (the whole forward, the cache and sampling on GPU 0; -kv\n"
             "                   f32, f16, q8, q4, q4h, tbq4/3/2, lm3 or polar4; -wq stored or q8;\n"
@@ -351,7 +352,8 @@ static int parse_args(int argc, char **argv, Args *a) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); return 1; }
         if (!strcmp(f, "--version")) {
-            printf("run %s: CPU kernels %s (%s); ", RUN_VERSION, kernels_isa(), kernels_built());
+            printf("run %s: CPU kernels %s%s%s (%s); ", RUN_VERSION, kernels_isa(), *kernels_extensions() ? " with " : "",
+                   kernels_extensions(), kernels_built());
             if (cuda_built()) printf("CUDA for %s, %d device(s) here\n", cuda_built(), cuda_device_count());
             else printf("CUDA not compiled in\n");
             return 1;
@@ -1562,7 +1564,7 @@ static int gpu_refuses_options(const Run *r, char *err, size_t errlen) {
     else if (a->wq_q8 && !strcmp(a->mode, "compare"))
         snprintf(err, errlen, "-dev cuda: -m compare -wq q8 runs on the CPU only (so far: its stored-weights reference "
                               "is a second model; use -dev cpu)");
-    else if (a->act_bf16) snprintf(err, errlen, "-dev cuda: -act bf16 is the CPU's AVX-512 BF16 mode (use -act f32 or "
+    else if (a->act_bf16) snprintf(err, errlen, "-dev cuda: -act bf16 is the CPU's bf16 dot product mode (use -act f32 or "
                                    "-dev cpu)");
     else {
         /* compare: every scheme it lists */

@@ -21,6 +21,7 @@
  * read; the last ones, around its float window, go token by token.
  */
 #include "attn/attn.h"
+#include "kernels/flush.h"
 #include "kernels/ops.h"
 
 #include <math.h>
@@ -28,29 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Subnormals flushed to zero, inputs and results, while attention runs:
- * MXCSR's FTZ and DAZ on x86-64, FPCR.FZ on aarch64 (both at once there);
- * elsewhere nothing changes. flush_on returns the state flush_off puts back. */
-#if defined(__x86_64__)
-#include <immintrin.h>
-static uint64_t flush_on(void) {
-    const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040);
-    return csr;
-}
-static void flush_off(uint64_t csr) { _mm_setcsr((unsigned)csr); }
-#elif defined(__aarch64__)
-static uint64_t flush_on(void) {
-    uint64_t fpcr;
-    __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
-    __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr | (UINT64_C(1) << 24)));
-    return fpcr;
-}
-static void flush_off(uint64_t fpcr) { __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr)); }
-#else
-static uint64_t flush_on(void) { return 0; }
-static void flush_off(uint64_t state) { (void)state; }
-#endif
 
 size_t attn_scratch_floats(int nq, int d) {
     /* qd [nq,d] + acc [nq,d] + p [nq,CHUNK] + m [nq] + l [nq], rounded up to

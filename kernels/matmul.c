@@ -46,6 +46,7 @@
  * (below); other CPUs run matmul_ref (and kernels_isa() is "ref" there).
  */
 #include "kernels/matmul.h"
+#include "kernels/flush.h"
 #include "kernels/quant32.h"
 #include "kernels/half.h"
 
@@ -131,6 +132,8 @@ const char *kernels_built(void) { return "x86-64 AVX2/AVX-512 and plain C"; }
  * <bits/hwcap.h> has them too, but not every libc does). */
 #define RUN_HWCAP_ASIMD (1UL << 1)
 #define RUN_HWCAP_ASIMDDP (1UL << 20)
+#define RUN_HWCAP2_I8MM (1UL << 13)
+#define RUN_HWCAP2_BF16 (1UL << 14)
 static Isa isa_detect(void) {
 #if defined(__linux__)
     const unsigned long hw = getauxval(AT_HWCAP);
@@ -141,7 +144,27 @@ static Isa isa_detect(void) {
 #endif
 }
 
-const char *kernels_built(void) { return "aarch64 NEON/dotprod and plain C"; }
+/* Armv8.6's two extensions beside the levels, as AVX-512 BF16 is on x86:
+ * BF16 (bfmlalb/bfmlalt, the DT_BF16D kernel: -act bf16) and I8MM (usdot,
+ * the DT_Q8I kernel). Neoverse N2 and V2 (Grace) and GB10's cores have
+ * both. The HWCAP2 word is read once, kept as g_bf16 is on x86. */
+static long g_hwcap2 = -1;
+static unsigned long hwcap2(void) {
+    long v = __atomic_load_n(&g_hwcap2, __ATOMIC_RELAXED);
+    if (v < 0) {
+#if defined(__linux__)
+        v = (long)(getauxval(AT_HWCAP2) & (RUN_HWCAP2_I8MM | RUN_HWCAP2_BF16));
+#else
+        v = 0;
+#endif
+        __atomic_store_n(&g_hwcap2, v, __ATOMIC_RELAXED);
+    }
+    return (unsigned long)v;
+}
+static int cpu_has_bf16(void) { return (hwcap2() & RUN_HWCAP2_BF16) != 0; }
+static int cpu_has_i8mm(void) { return (hwcap2() & RUN_HWCAP2_I8MM) != 0; }
+
+const char *kernels_built(void) { return "aarch64 NEON/dotprod/i8mm/bf16 and plain C"; }
 #else
 static Isa isa_detect(void) { return ISA_REF; }
 
@@ -178,6 +201,18 @@ int kernels_has_vbmi(void) { return isa() == ISA_VNNI && cpu_has_vbmi(); }
 int kernels_has_vbmi(void) { return 0; }
 #endif
 
+const char *kernels_extensions(void) {
+#if defined(__x86_64__)
+    static const char *const s[] = {"", "avx512bf16", "avx512vbmi", "avx512bf16, avx512vbmi"};
+    return s[matmul_has_dpanels() | kernels_has_vbmi() << 1];
+#elif defined(__aarch64__)
+    static const char *const s[] = {"", "bf16", "i8mm", "bf16, i8mm"};
+    return s[matmul_has_dpanels() | matmul_has_q8i() << 1];
+#else
+    return "";
+#endif
+}
+
 int kernels_check_env(char *err, size_t errlen) {
     /* every architecture's names, to tell a foreign one from a typo */
     static const char *const any[] = {"ref", "avx2", "avx512", "avx512vnni", "neon", "dotprod"};
@@ -212,12 +247,12 @@ int matmul_has_panels(void) { return isa() >= ISA_AVX2; }
 
 int matmul_has_dpanels(void) { return isa() >= ISA_AVX512 && cpu_has_bf16(); }
 #elif defined(__aarch64__)
-/* DT_Q8I's and DT_BF16D's kernels are AVX-512 ones */
-int matmul_has_q8i(void) { return 0; }
+/* DT_Q8I's usdot is I8MM's, which no CPU has without the dot product */
+int matmul_has_q8i(void) { return isa() >= ISA_DOTPROD && cpu_has_i8mm(); }
 
 int matmul_has_panels(void) { return isa() >= ISA_NEON; }
 
-int matmul_has_dpanels(void) { return 0; }
+int matmul_has_dpanels(void) { return isa() >= ISA_NEON && cpu_has_bf16(); }
 #else
 /* the relaid layouts' kernels are x86 and NEON ones */
 int matmul_has_q8i(void) { return 0; }
@@ -1607,12 +1642,210 @@ static void panels_neon(float *y, const float *x, const Weight *w, int n) {
     }
 }
 
-/* One matrix after the other; DT_BF16D (AVX-512 BF16's) and DT_Q8I take
- * the reference. */
+/* x prepared for DT_BF16D or DT_Q8I, per calling thread, grown as needed
+ * and kept, as the x86 paths keep theirs (matmul_reserve grows it ahead,
+ * matmul_thread_free frees it); 16-byte aligned:
+ *   DT_BF16D: x rounded to bf16, [n, in / 2] pairs (the even column low)
+ *   DT_Q8I:   x quantized, [n, in] codes, then [n, in / 32] scales and as
+ *             many biases (quantize32_ref)
+ * Without it (out of memory) both take the reference: the same bits. */
+static _Thread_local void *xq_buf;
+static _Thread_local size_t xq_cap;
+
+static void *xq_get(size_t bytes) {
+    if (bytes > xq_cap) {
+        void *p = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
+        if (!p) return NULL;
+        free(xq_buf);
+        xq_buf = p, xq_cap = bytes;
+    }
+    return xq_buf;
+}
+
+/* Bytes of xq_buf for n rows of in columns: the larger of the two uses. */
+static size_t xq_bytes(int n, int in) {
+    const size_t half = (size_t)n * in * 2, q8 = ((size_t)n * in + 15) / 16 * 16 + 8 * (size_t)n * (in / 32);
+    return half > q8 ? half : q8;
+}
+
+void matmul_thread_free(void) {
+    free(xq_buf);
+    xq_buf = NULL, xq_cap = 0;
+}
+
+int matmul_reserve(int n, int cols) {
+    if (!matmul_has_dpanels() && !matmul_has_q8i()) return 0;
+    return xq_get(xq_bytes(n, cols)) ? 0 : -1;
+}
+
+/* ---- DT_BF16D with BF16: bfmlalt then bfmlalb (-act bf16) ----
+ *
+ * A column pair m's 64 bytes are four 16-byte quarters of 4 rows' pairs
+ * (quarter q: rows 16p + 4q .. 16p + 4q + 3); with x's pair broadcast as
+ * one 32-bit word, bfmlalt adds each row's odd product into its lane and
+ * bfmlalb then its even one, each a fused multiply-add of the widened
+ * bf16 values: bf16_dot2's chain over m, the reference's bits. vdpbf16ps
+ * flushes subnormal inputs and results by itself; here FPCR.FZ does
+ * (flush_on around the loop), with one difference: FZ judges a result
+ * tiny before rounding (Arm's FPRound), the reference's ftz after it, so
+ * a sum that rounds up to exactly FLT_MIN in magnitude is 0 here. Tiles:
+ * 4 panels x 1 token (16 chains in flight for decode), 2 x 2..3, 1 x 4..6
+ * (at most 24 sums), each tile's weights read once per token tile.
+ * Not yet timed on ARM hardware. */
+#define BF16N static inline __attribute__((target("arch=armv8.2-a+bf16"), always_inline))
+#define DPANEL_NT 6
+
+/* Panels [p0, p0 + P) x tokens [i, i + T) of xh [n, cols / 2]. */
+BF16N void dpanel_neon(float *y, const uint32_t *xh, const Weight *w, int p0, const int P, int i, const int T) {
+    const int pairs = w->cols / 2, out = w->rows;
+    const uint32_t *wp = (const uint32_t *)w->data + (size_t)p0 * 16 * pairs;
+    float32x4_t acc[4][4][DPANEL_NT];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) acc[p][q][t] = vdupq_n_f32(0);
+    for (int m = 0; m < pairs; m++) {
+        bfloat16x8_t xv[DPANEL_NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) xv[t] = vreinterpretq_bf16_u32(vdupq_n_u32(xh[(size_t)(i + t) * pairs + m]));
+#pragma GCC unroll 4
+        for (int p = 0; p < P; p++)
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                const bfloat16x8_t wv = vreinterpretq_bf16_u32(vld1q_u32(wp + ((size_t)p * pairs + m) * 16 + 4 * q));
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++)
+                    acc[p][q][t] = vbfmlalbq_f32(vbfmlaltq_f32(acc[p][q][t], wv, xv[t]), wv, xv[t]);
+            }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) vst1q_f32(y + (size_t)(i + t) * out + (size_t)(p0 + p) * 16 + 4 * q, acc[p][q][t]);
+}
+
+/* dpanel_neon with P and T as constants. */
+static __attribute__((target("arch=armv8.2-a+bf16"))) void dpanel_neon_t(float *y, const uint32_t *xh, const Weight *w,
+                                                                          int p0, int P, int i, int T) {
+#define DP(p, t) case (p) * 16 + (t): dpanel_neon(y, xh, w, p0, p, i, t); break;
+    switch (P * 16 + T) {
+        DP(1, 1) DP(2, 1) DP(3, 1) DP(4, 1) DP(1, 2) DP(2, 2) DP(1, 3) DP(2, 3) DP(1, 4) DP(1, 5) DP(1, 6)
+    default: break;
+    }
+#undef DP
+}
+
+/* DT_BF16D: x rounded to bf16 (f32_to_bf16, which flushes its subnormals
+ * as vcvtne2ps2bf16 does), then threads take groups of 4 panels (64 rows),
+ * each group all tokens in tiles of up to DPANEL_NT. -1: no buffer. */
+static int dpanels_neon(float *y, const float *x, const Weight *w, int n) {
+    const int pairs = w->cols / 2, np = w->rows / 16;
+    uint32_t *xh = xq_get((size_t)n * pairs * 4);
+    if (!xh) return -1;
+#pragma omp parallel
+    {
+        const uint64_t fp = flush_on();
+#pragma omp for schedule(static)
+        for (int i = 0; i < n; i++)
+            for (int m = 0; m < pairs; m++) {
+                const float *xi = x + (size_t)i * w->cols + 2 * m;
+                xh[(size_t)i * pairs + m] = f32_to_bf16(xi[0]) | (uint32_t)f32_to_bf16(xi[1]) << 16;
+            }
+#pragma omp for schedule(static)
+        for (int g = 0; g < (np + 3) / 4; g++) {
+            const int p0 = 4 * g, pn = np - p0 < 4 ? np - p0 : 4;
+            for (int i = 0; i < n; i += DPANEL_NT) {
+                const int T = n - i < DPANEL_NT ? n - i : DPANEL_NT, step = T == 1 ? 4 : T <= 3 ? 2 : 1;
+                for (int p = 0; p < pn; p += step) dpanel_neon_t(y, xh, w, p0 + p, pn - p < step ? pn - p : step, i, T);
+            }
+        }
+        flush_off(fp);
+    }
+    return 0;
+}
+
+/* ---- DT_Q8I with I8MM: usdot, vpdpbusd's twin ----
+ *
+ * A 64-byte group is 4 columns of a tile's 16 rows, as four 16-byte
+ * quarters of 4 rows; usdot (unsigned by signed bytes, as vpdpbusd) adds
+ * each row's 4 (code + 128) x (activation code) products into its lane,
+ * the activation's 4 codes in every lane. Each block's sums start at its
+ * bias (-128 x the sum of the activation's codes), so after the block's 8
+ * groups a lane holds its row's exact block dot, which takes one fma with
+ * d_w d_x: matmul_q8i_ref's arithmetic, its bits. Tiles of 16 rows x up
+ * to 2 tokens (16 sums and 4 quarters in registers).
+ * Not yet timed on ARM hardware. */
+#define I8MM static inline __attribute__((target("arch=armv8.2-a+i8mm"), always_inline))
+
+/* Rows [o, o + 16) x tokens [i, i + T): qx [n, in] codes, dx and bias
+ * [n, in / 32] per block. */
+I8MM void q8i_tile_neon(float *y, const int8_t *qx, const float *dx, const int32_t *bias, const Weight *w, int o,
+                        int i, const int T) {
+    const int in = w->cols, nb = in / 32;
+    const uint8_t *wp = (const uint8_t *)w->data + (size_t)o * in;
+    const float *sp = w->scale + (size_t)o * nb;
+    float32x4_t acc[2][4];
+    for (int t = 0; t < T; t++)
+        for (int q = 0; q < 4; q++) acc[t][q] = vdupq_n_f32(0);
+    for (int b = 0; b < nb; b++) {
+        int32x4_t ia[2][4];
+        for (int t = 0; t < T; t++)
+            for (int q = 0; q < 4; q++) ia[t][q] = vdupq_n_s32(bias[(size_t)(i + t) * nb + b]);
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *p = wp + ((size_t)b * 8 + g) * 64;
+            uint8x16_t wv[4];
+            for (int q = 0; q < 4; q++) wv[q] = vld1q_u8(p + 16 * q);
+            for (int t = 0; t < T; t++) {
+                int32_t x4;
+                memcpy(&x4, qx + (size_t)(i + t) * in + b * 32 + g * 4, 4);
+                const int8x16_t xv = vreinterpretq_s8_s32(vdupq_n_s32(x4));
+                for (int q = 0; q < 4; q++) ia[t][q] = vusdotq_s32(ia[t][q], wv[q], xv);
+            }
+        }
+        for (int q = 0; q < 4; q++) {
+            const float32x4_t dw = vld1q_f32(sp + (size_t)b * 16 + 4 * q);
+            for (int t = 0; t < T; t++)
+                acc[t][q] = vfmaq_f32(acc[t][q], vcvtq_f32_s32(ia[t][q]), vmulq_n_f32(dw, dx[(size_t)(i + t) * nb + b]));
+        }
+    }
+    for (int t = 0; t < T; t++)
+        for (int q = 0; q < 4; q++) vst1q_f32(y + (size_t)(i + t) * w->rows + o + 4 * q, acc[t][q]);
+}
+
+/* DT_Q8I: x quantized once (quantize32_ref, the reference's rounding),
+ * then threads take 16-row tiles, each all tokens two at a time. -1: no
+ * buffer. */
+static __attribute__((target("arch=armv8.2-a+i8mm"))) int q8i_neon(float *y, const float *x, const Weight *w, int n) {
+    const int in = w->cols, nb = in / 32;
+    uint8_t *buf = xq_get(xq_bytes(n, in));
+    if (!buf) return -1;
+    int8_t *qx = (int8_t *)buf;
+    float *dx = (float *)(buf + ((size_t)n * in + 15) / 16 * 16);
+    int32_t *bias = (int32_t *)(dx + (size_t)n * nb);
+    for (size_t b = 0; b < (size_t)n * nb; b++) dx[b] = quantize32_ref(x + b * 32, qx + b * 32, &bias[b]);
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < w->rows; o += 16) {
+        int i = 0;
+        for (; i + 2 <= n; i += 2) q8i_tile_neon(y, qx, dx, bias, w, o, i, 2);
+        if (i < n) q8i_tile_neon(y, qx, dx, bias, w, o, i, 1);
+    }
+    return 0;
+}
+
+/* One matrix after the other; DT_BF16D without BF16 and DT_Q8I without
+ * I8MM (or without a buffer for x) take the reference. */
 void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
     for (int k = 0; k < count; k++) {
         const DType dt = w[k]->dtype;
-        if (isa() < ISA_NEON || dt == DT_BF16D || dt == DT_Q8I) matmul_ref(y[k], x, w[k], n);
+        if (dt == DT_BF16D) {
+            if (!matmul_has_dpanels() || dpanels_neon(y[k], x, w[k], n)) matmul_ref(y[k], x, w[k], n);
+        } else if (dt == DT_Q8I) {
+            if (!matmul_has_q8i() || q8i_neon(y[k], x, w[k], n)) matmul_ref(y[k], x, w[k], n);
+        } else if (isa() < ISA_NEON) matmul_ref(y[k], x, w[k], n);
         else if (dt == DT_BF16P) panels_neon(y[k], x, w[k], n);
         else if (dt == DT_F32) matmul_neon_dt(y[k], x, w[k], n, DT_F32);
         else if (dt == DT_F16) matmul_neon_dt(y[k], x, w[k], n, DT_F16);
@@ -1628,8 +1861,8 @@ void matmul_multi(float *const *y, const Weight *const *w, int count, const floa
 }
 #endif /* __x86_64__, __aarch64__ */
 
-#if !defined(__x86_64__)
-/* Only the x86 paths keep per-thread buffers. */
+#if !defined(__x86_64__) && !defined(__aarch64__)
+/* Only the x86 and aarch64 paths keep per-thread buffers. */
 void matmul_thread_free(void) {}
 
 int matmul_reserve(int n, int cols) {

@@ -133,6 +133,11 @@ int kernels_level(void);
  * vpmultishiftqb: Ice Lake, Zen 4 and later), which the 2- and 3-bit
  * integer attention kernels (kv/lowbit.c) need to unpack their codes. */
 int kernels_has_vbmi(void);
+/* The extensions beside the level that the kernels use here, for
+ * --version: "avx512bf16" (DT_BF16D) and "avx512vbmi" (2- and 3-bit codes)
+ * on x86-64, "bf16" (DT_BF16D) and "i8mm" (DT_Q8I) on aarch64, joined by
+ * ", "; "" for none. */
+const char *kernels_extensions(void);
 /* Forces the ISA by name; returns 0, or -1 if the CPU lacks it (tests). */
 int kernels_set_isa(const char *name);
 /* Checks RUN_ISA, when set, names a level this CPU has: 0, or -1 with one

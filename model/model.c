@@ -441,7 +441,12 @@ int model_load_source(Model *m, const ModelSource *src, int flags, char *err, si
             goto fail;
         }
         if (!matmul_has_dpanels()) {
-            snprintf(err, errlen, "bf16 activations: need AVX-512 BF16 (vdpbf16ps), which this CPU at kernel level %s lacks",
+            snprintf(err, errlen, "bf16 activations: need %s, which this CPU at kernel level %s lacks",
+#if defined(__aarch64__)
+                     "BF16 (bfmlalb, bfmlalt)",
+#else
+                     "AVX-512 BF16 (vdpbf16ps)",
+#endif
                      kernels_isa());
             goto fail;
         }

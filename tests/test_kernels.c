@@ -8,6 +8,9 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 
 #include "kernels/half.h"
 #include "kernels/matmul.h"
@@ -551,9 +554,16 @@ Test(kernels, q8i_matches_reference_and_q8) {
             cr_expect(memcmp(got, ref, sizeof(float) * n * out) == 0 && memcmp(f8, ref, sizeof(float) * n * out) == 0,
                       "%s %dx%d: matmul_multi differs", isas[k], out, in);
         }
+#if defined(__aarch64__)
+        /* usdot is I8MM's (HWCAP2 bit 13), used from dotprod up */
+        if (!kernels_set_isa("neon")) cr_expect(!matmul_has_q8i(), "RUN_ISA=neon keeps the q8i kernel");
+        if (!kernels_set_isa("dotprod"))
+            cr_expect_eq(matmul_has_q8i(), (int)(getauxval(AT_HWCAP2) >> 13 & 1), "the q8i kernel without I8MM, or not with it");
+#else
         if (!kernels_set_isa("avx512")) cr_expect(!matmul_has_q8i(), "RUN_ISA=avx512 keeps the q8i kernel");
         const int vnni = !kernels_set_isa("avx512vnni");
         cr_expect_eq(matmul_has_q8i(), vnni);
+#endif
         free(x), free(ref), free(got), free(f8), free(r8), free(ri), free(mem), free(mem8);
     }
     void *mem;

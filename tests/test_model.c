@@ -66,9 +66,10 @@ Test(model, golden_small) {
  * does: the golden README puts that near 1e-2 relative. Measured here:
  * max-abs 0.0056-0.0098 (tiny) and 0.017-0.028 (small), relative L2
  * 0.0036-0.0061; the bounds are about twice that. Where the CPU lacks
- * AVX-512 BF16, model_load refuses the flag (tested in cli). */
+ * AVX-512 BF16 (aarch64: BF16), model_load refuses the flag (tested in
+ * cli). */
 Test(model, golden_with_bf16_activations) {
-    if (!matmul_has_dpanels()) cr_skip_test("no AVX-512 BF16 here (kernels %s)", kernels_isa());
+    if (!matmul_has_dpanels()) cr_skip_test("no bf16 dot product here (kernels %s)", kernels_isa());
     const char *prompts[] = {"hello", "sentence", "paragraph"};
     for (int i = 0; i < 3; i++) {
         check_golden("tiny", prompts[i], MODEL_ACT_BF16, 0.02, 0.012);
