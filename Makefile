@@ -165,7 +165,8 @@ AARCH64_TEST_ARGS ?= --verbose -j 2 --timeout 300 --timeout-scale 10 $(AARCH64_E
 AARCH64_PROMPT  ?= And God said
 AARCH64_EMU      = timeout -s KILL $(AARCH64_TIMEOUT) env QEMU_LD_PREFIX=$(AARCH64_SYSROOT) $(QEMU_AARCH64)
 # The two emulated CPUs (QEMU_CPU, which the run-qemu wrapper passes on
-# too): qemu's "max", with every extension (kernels dotprod), and a
+# too): qemu's "max", with every extension (kernels dotprod with bf16 and
+# i8mm), and a
 # Cortex-A57, Armv8.0 without the dot product (kernels neon), where the
 # kernel and KV tests run again to check the fall-backs are chosen and right.
 AARCH64_CPU_FULL ?= max
@@ -188,7 +189,7 @@ test-aarch64: $(BUILD)/run
 	chmod +x $(AARCH64_BUILD)/run-qemu
 	# (not tee /dev/stderr: where stderr is a log file, tee reopens it and truncates it)
 	v=$$(QEMU_CPU=$(AARCH64_CPU_FULL) $(AARCH64_EMU) $(AARCH64_BUILD)/run --version) && echo "$$v" >&2 && \
-		echo "$$v" | grep -q 'kernels dotprod'
+		echo "$$v" | grep -q 'kernels dotprod with bf16, i8mm'
 	v=$$(QEMU_CPU=$(AARCH64_CPU_BASE) $(AARCH64_EMU) $(AARCH64_BUILD)/run --version) && echo "$$v" >&2 && \
 		echo "$$v" | grep -q 'kernels neon'
 	QEMU_CPU=$(AARCH64_CPU_FULL) OMP_WAIT_POLICY=passive RUN_BIN=$(AARCH64_BUILD)/run-qemu \
