@@ -185,7 +185,7 @@ static void usage(FILE *f) {
             "  -wq-draft TYPE   the MTP drafter's weights: q8 (default) | stored; greedy output is the same\n"
             "  -dev DEVICE      cpu | cuda (the whole forward, the cache and sampling on GPU 0; -kv\n"
             "                   f32, f16, q8, q4, q4h, tbq4/3/2, lm3 or polar4; -wq stored or q8;\n"
-            "                   every mode but kvstats; compare not with -wq q8) |\n"
+            "                   every mode but serve: kvstats and compare -wq q8 not yet run on a GPU) |\n"
             "                   auto (default: cuda when this binary has it, a GPU is there and the\n"
             "                   run is one it takes, else cpu) (--device)\n"
             "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the\n"
@@ -881,6 +881,8 @@ static int run_logits(Run *r, KVCache *kv) {
     return rc;
 }
 
+static int dev_is_cuda(const Run *r) { return r->a.dev && !strcmp(r->a.dev, "cuda"); }
+
 static void compare_progress(void *p, long done, long total) {
     ((Progress *)p)->total = total;
     progress_show(p, done);
@@ -892,13 +894,24 @@ static int run_compare(Run *r) {
     /* the reference keeps the stored weights and f32 inputs: a second load
      * of the same files when m was converted or relaid for bf16 inputs, in
      * memory (bf16 in panels), so that its numbers are those of the same
-     * run without -wq or -act */
+     * run without -wq or -act; on the GPU a second model there, its
+     * weights as stored (mapped, as open_model loads for the GPU) */
     Model ref;
     const int two = r->a.wq_q8 || r->a.act_bf16;
     int n_gen = r->a.set_n && r->a.n >= 0 ? r->a.n : 64;
-    if (two && model_load_source(&ref, &r->src, 0, err, sizeof err)) {
+    if (two && model_load_source(&ref, &r->src, r->m.gpu ? MODEL_MAPPED : 0, err, sizeof err)) {
         fprintf(stderr, "error: %s\n", err);
         return 1;
+    }
+    if (two && r->m.gpu && model_to_gpu(&ref, err, sizeof err)) {
+        if (dev_is_cuda(r)) {
+            fprintf(stderr, "error: the stored-weights reference on the GPU: %s\n", err);
+            model_free(&ref);
+            return 1;
+        }
+        /* auto: both models on the CPU (the reference reads its mapping) */
+        fprintf(stderr, "note: running on the CPU: the stored-weights reference: %s\n", err);
+        model_drop_gpu(&r->m);
     }
     const char *what = r->a.wq_q8 ? "q8" : "act bf16";
     int rc = 0;
@@ -1557,26 +1570,22 @@ static int parse_schemes(Run *r, char *err, size_t errlen) {
  * CPU then). What the model's config rules out is gpu_supports'. */
 static int gpu_refuses_options(const Run *r, char *err, size_t errlen) {
     const Args *a = &r->a;
-    if (!strcmp(a->mode, "kvstats") || !strcmp(a->mode, "serve"))
+    if (!strcmp(a->mode, "serve"))
         snprintf(err, errlen, "-dev cuda: -m %s runs on the CPU only (so far; use -dev cpu)", a->mode);
     else if (a->session)
         snprintf(err, errlen, "-dev cuda: --session: a cache on the GPU cannot be saved yet (use -dev cpu)");
-    else if (a->wq_q8 && !strcmp(a->mode, "compare"))
-        snprintf(err, errlen, "-dev cuda: -m compare -wq q8 runs on the CPU only (so far: its stored-weights reference "
-                              "is a second model; use -dev cpu)");
     else if (a->act_bf16) snprintf(err, errlen, "-dev cuda: -act bf16 is the CPU's bf16 dot product mode (use -act f32 or "
                                    "-dev cpu)");
     else {
-        /* compare: every scheme it lists */
-        const int n = !strcmp(a->mode, "compare") ? r->n_specs : 1;
+        /* compare: every scheme it lists; kvstats: none (the GPU holds its
+         * f32 cache, the CPU quantizes and attends the scheme's) */
+        const int n = !strcmp(a->mode, "compare") ? r->n_specs : !strcmp(a->mode, "kvstats") ? 0 : 1;
         for (int i = 0; i < n; i++)
             if (gpu_supports_kv(n > 1 ? &r->specs[i] : &r->spec, err, errlen)) return 1;
         return 0;
     }
     return 1;
 }
-
-static int dev_is_cuda(const Run *r) { return r->a.dev && !strcmp(r->a.dev, "cuda"); }
 
 /* -dev: 1 when the forward goes to the GPU, else 0; -1 with err when
  * -dev cuda asks for what cannot run there (auto takes the CPU then). */
@@ -1588,9 +1597,10 @@ static int choose_device(const Run *r, char *err, size_t errlen) {
     if (!cuda_built() || !cuda_device_count()) cuda_open(&info, why, sizeof why);
     else if (!gpu_refuses_options(r, why, sizeof why)) {
         /* compare: every scheme it lists, against this config (a head dim
-         * rules some out) */
-        const int n = !strcmp(r->a.mode, "compare") ? r->n_specs : 1;
-        for (int i = 0; i < n && !why[0]; i++) gpu_supports(&r->cfg, n > 1 ? &r->specs[i] : &r->spec, why, sizeof why);
+         * rules some out); kvstats: the config alone, as above */
+        const int kvstats = !strcmp(r->a.mode, "kvstats"), n = !strcmp(r->a.mode, "compare") ? r->n_specs : 1;
+        for (int i = 0; i < n && !why[0]; i++)
+            gpu_supports(&r->cfg, kvstats ? NULL : n > 1 ? &r->specs[i] : &r->spec, why, sizeof why);
     }
     if (!why[0]) return 1;
     if (!dev_is_cuda(r)) return 0;
@@ -1713,7 +1723,11 @@ static void print_model_line(const Run *r) {
             r->src.path, c->n_layers, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size,
             r->m.has_mtp ? ", MTP head" : "", kvname, r->ctx, omp_get_max_threads(),
             r->m.gpu ? "CUDA" : kernels_isa());
+#if defined(__aarch64__)
+    if (r->a.act_bf16) fprintf(stderr, "matmul inputs: bf16 (bfmlalt, bfmlalb)\n");
+#else
     if (r->a.act_bf16) fprintf(stderr, "matmul inputs: bf16 (vdpbf16ps)\n");
+#endif
 }
 
 /* The modes that need the weights and a cache. */

@@ -52,8 +52,10 @@ int compare_run(Model *ref, Model *m, const char *m_weights, const KVSpec *specs
         snprintf(err, errlen, "compare: out of memory");
         goto done;
     }
+    /* each cache with the model that runs it (on the GPU a cache belongs
+     * to its model's buffers) */
     for (int i = 0; i < n; i++)
-        if (model_kv_init(m, &kv[i], &specs[i], ctx, 0, err, errlen)) goto done;
+        if (model_kv_init(i ? m : ref, &kv[i], &specs[i], ctx, 0, err, errlen)) goto done;
     /* text: every scheme sees the same chunk, scored against the reference */
     for (int off = 0; off < L; off += CMP_BATCH) {
         int nb = L - off < CMP_BATCH ? L - off : CMP_BATCH;
@@ -168,29 +170,34 @@ int kvstats_run(Model *m, const KVSpec *spec, const int *ids, int n_ids, FILE *f
     LayerStats *ls = calloc((size_t)nl, sizeof(LayerStats));
     float *trace = malloc((size_t)nl * B * qd * sizeof(float)), *scr = malloc(attn_scratch_floats(grp, d) * sizeof(float));
     float *o1 = malloc((size_t)grp * d * sizeof(float)), *o2 = malloc((size_t)grp * d * sizeof(float));
-    float x[KV_MAX_DIM], y[KV_MAX_DIM];
+    float *kb = malloc((size_t)B * d * sizeof(float)), *vb = malloc((size_t)B * d * sizeof(float));
+    float y[KV_MAX_DIM];
     int rc = -1;
-    if (!ls || !trace || !scr || !o1 || !o2) { snprintf(err, errlen, "kvstats: out of memory"); goto done; }
+    if (!ls || !trace || !scr || !o1 || !o2 || !kb || !vb) { snprintf(err, errlen, "kvstats: out of memory"); goto done; }
     kv_spec_parse("f32", &f32spec, err, errlen);
-    /* ref: the model's own f32 cache; mine/sch: f32 and scheme copies grown
-     * one position at a time so each query sees exactly its causal prefix */
-    if (model_kv_init(m, &ref, &f32spec, n_ids, 0, err, errlen) || model_kv_init(m, &mine, &f32spec, n_ids, 0, err, errlen) ||
-        model_kv_init(m, &sch, spec, n_ids, 0, err, errlen))
+    /* ref: the model's own f32 cache (on the GPU when the model is);
+     * mine/sch: f32 and scheme copies on the CPU, grown one position at a
+     * time so each query sees exactly its causal prefix. On the GPU the
+     * forward and its cache are the GPU's; the scheme's vectors are the CPU
+     * quantizer's, which are the GPU's bytes (docs/cuda.md). */
+    if (model_kv_init(m, &ref, &f32spec, n_ids, 0, err, errlen) ||
+        kv_cache_init(&mine, &f32spec, nl, nkv, d, n_ids, err, errlen) ||
+        kv_cache_init(&sch, spec, nl, nkv, d, n_ids, err, errlen) || model_trace_q(m, trace, err, errlen))
         goto done;
-    m->trace_q = trace;
     for (int off = 0; off < n_ids; off += B) {
         int nb = n_ids - off < B ? n_ids - off : B;
         if (model_forward(m, &ref, ids + off, nb, NULL, 0, NULL, err, errlen)) goto done;
         for (int l = 0; l < nl; l++)
-            for (int h = 0; h < nkv; h++)
+            for (int h = 0; h < nkv; h++) {
+                if (model_kv_read(&ref, l, h, off, nb, kb, vb, err, errlen)) goto done;
                 for (int t = off; t < off + nb; t++) {
                     LayerStats *s = &ls[l];
-                    kv_stream_get(kv_k(&ref, l, h), t, x);
+                    const float *x = kb + (size_t)(t - off) * d;
                     kv_stream_append(kv_k(&mine, l, h), x);
                     kv_stream_append(kv_k(&sch, l, h), x);
                     kv_stream_get(kv_k(&sch, l, h), t, y);
                     vec_stats(x, y, d, &s->k_err, &s->k_norm, &s->k_cos);
-                    kv_stream_get(kv_v(&ref, l, h), t, x);
+                    x = vb + (size_t)(t - off) * d;
                     kv_stream_append(kv_v(&mine, l, h), x);
                     kv_stream_append(kv_v(&sch, l, h), x);
                     kv_stream_get(kv_v(&sch, l, h), t, y);
@@ -204,6 +211,7 @@ int kvstats_run(Model *m, const KVSpec *spec, const int *ids, int n_ids, FILE *f
                     vec_stats(o1, o2, grp * d, &s->o_err, &s->o_norm, &cs);
                     s->nout++;
                 }
+            }
     }
     char name[64];
     kv_spec_name(spec, name, sizeof name);
@@ -217,10 +225,10 @@ int kvstats_run(Model *m, const KVSpec *spec, const int *ids, int n_ids, FILE *f
     }
     rc = 0;
 done:
-    m->trace_q = NULL;
-    if (ref.k) kv_cache_free(&ref);
+    model_trace_q(m, NULL, err, errlen);
+    if (ref.k || ref.dev) kv_cache_free(&ref);
     if (mine.k) kv_cache_free(&mine);
     if (sch.k) kv_cache_free(&sch);
-    free(ls), free(trace), free(scr), free(o1), free(o2);
+    free(ls), free(trace), free(scr), free(o1), free(o2), free(kb), free(vb);
     return rc;
 }

@@ -123,6 +123,15 @@ extern "C" int cuda_download(void *dst, const void *d_src, size_t bytes, const c
     return copy(dst, d_src, bytes, cudaMemcpyDeviceToHost, what, err, errlen);
 }
 
+extern "C" void cuda_copy_rows(void *d_dst, size_t dpitch, const void *d_src, size_t spitch, size_t width, int rows) {
+    const cudaError_t e =
+        cudaMemcpy2DAsync(d_dst, dpitch, d_src, spitch, width, (size_t)rows, cudaMemcpyDeviceToDevice, g_stream);
+    if (e != cudaSuccess && g_failed == cudaSuccess) {
+        g_failed = e;
+        snprintf(g_failed_op, sizeof g_failed_op, "a copy of rows on the device");
+    }
+}
+
 extern "C" int cuda_memset(void *d, int v, size_t bytes) {
     return cudaMemsetAsync(d, v, bytes, g_stream) == cudaSuccess ? 0 : -1;
 }

@@ -47,6 +47,10 @@ void cuda_free(void *d);
 int cuda_upload(void *d_dst, const void *src, size_t bytes, const char *what, char *err, size_t errlen);
 int cuda_download(void *dst, const void *d_src, size_t bytes, const char *what, char *err, size_t errlen);
 int cuda_memset(void *d, int v, size_t bytes);
+/* rows rows of width bytes, spitch bytes apart in src to dpitch apart in
+ * dst, both on the device, queued on the stream; a failure shows at the
+ * next cuda_sync. */
+void cuda_copy_rows(void *d_dst, size_t dpitch, const void *d_src, size_t spitch, size_t width, int rows);
 /* Waits for the stream; 0, or -1 with one line naming the op (the first
  * launch that failed, else where) and the CUDA error string. */
 int cuda_sync(const char *where, char *err, size_t errlen);

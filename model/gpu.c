@@ -151,6 +151,11 @@ struct GpuModel {
     size_t part_floats;
     float *cs, *sn; /* RoPE tables [max_pos, rot/2]: captured graphs keep these pointers */
     int graphs; /* RUN_CUDA_GRAPHS is not 0 */
+    /* gpu_trace_q: the queries [layers][trace_rows][qd] on the device, the
+     * host copy they go to after each forward, and the row where the
+     * current step's tokens start; trace NULL when off */
+    float *trace, *trace_host;
+    int trace_rows, trace_off;
 };
 
 /* The device side of a KVCache (kv->dev). */
@@ -485,6 +490,7 @@ void gpu_model_free(GpuModel *g) {
     cuda_free(g->arena);
     cuda_free(g->x);
     cuda_free(g->cs);
+    cuda_free(g->trace);
     free(g->layers);
     free(g->inv_freq);
     free(g);
@@ -652,8 +658,14 @@ static int splits_for(const GpuModel *g, const GpuKV *d, int n, int pos, int *ki
 static void forward_dev(GpuModel *g, GpuKV *d, int n, int lg_rows, int splits) {
     const Config *c = &g->cfg;
     const int H = c->hidden;
+    const size_t qd = (size_t)c->n_heads * c->head_dim, ld = qd + 2 * (size_t)c->n_kv_heads * c->head_dim;
     cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, n, H);
-    for (int l = 0; l < c->n_layers; l++) layer_run(g, &g->layers[l], d, l, n, splits);
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_run(g, &g->layers[l], d, l, n, splits);
+        /* the queries stay in g->qkv until the next layer's projection */
+        if (g->trace)
+            cuda_copy_rows(g->trace + ((size_t)l * g->trace_rows + g->trace_off) * qd, qd * 4, g->qkv, ld * 4, qd * 4, n);
+    }
     cuda_rmsnorm(g->xb, H, g->x, H, g->final_norm, n, H, (float)c->eps);
     cuda_find_nonfinite(g->bad, g->xb, n, H);
     if (lg_rows) mm(g->logits, g->xb + (size_t)(n - lg_rows) * H, &g->lm_head, lg_rows, 0);
@@ -673,13 +685,18 @@ static int logits_down(GpuModel *g, int row0, int rows, float *dst, char *err, s
 
 /* Tokens and position up; the graph of n tokens (captured on first use),
  * or the kernels one by one. */
+/* Whether a step of n tokens replays a captured graph: not past
+ * GPU_GRAPH_MAX tokens, nor while the queries are traced (the copies'
+ * rows move from step to step). */
+static int graphed(const GpuModel *g, int n) { return g->graphs && n <= GPU_GRAPH_MAX && !g->trace; }
+
 static int step(GpuModel *g, GpuKV *d, const int *tokens, int n, int pos, char *err, size_t errlen) {
     if (cuda_upload(g->tokens, tokens, (size_t)n * sizeof(int), "token ids", err, errlen) ||
         cuda_upload(g->pos, &pos, sizeof(int), "the position", err, errlen))
         return -1;
     int kind;
     const int splits = splits_for(g, d, n, pos, &kind);
-    if (!g->graphs || n > GPU_GRAPH_MAX) {
+    if (!graphed(g, n)) {
         forward_dev(g, d, n, 0, splits);
         return 0;
     }
@@ -750,18 +767,23 @@ int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logit
     const int V = g->cfg.vocab_size, H = g->cfg.hidden, pos = kv->dev_len;
     *bad = -1;
     g->last = NULL;
+    if (g->trace && n > g->trace_rows) {
+        snprintf(err, errlen, "a forward of %d tokens with the queries traced for %d", n, g->trace_rows);
+        return -1;
+    }
     float *last_row = NULL; /* g->last once the whole forward has gone through */
     for (int off = 0; off < n; off += GPU_BATCH) {
         const int nb = n - off < GPU_BATCH ? n - off : GPU_BATCH, last = off + nb == n;
         const int lg_rows = !logits ? 0 : all_logits ? nb : last ? 1 : 0;
         int first = INT_MAX;
+        g->trace_off = off;
         if (step(g, d, tokens + off, nb, pos + off, err, errlen) ||
             cuda_download(&first, g->bad, sizeof first, "the finiteness check", err, errlen))
             return -1;
         float *dst = all_logits ? logits + (size_t)off * V : logits;
         /* a graph made every row's logits (at up to 8 rows the lm_head is
          * read once either way); else they are made here */
-        if (g->graphs && nb <= GPU_GRAPH_MAX) {
+        if (graphed(g, nb)) {
             if (lg_rows && cuda_download(dst, g->logits + (size_t)(nb - lg_rows) * V, (size_t)lg_rows * V * 4,
                                          "the logits", err, errlen))
                 return -1;
@@ -785,7 +807,42 @@ int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logit
         }
     }
     g->last = last_row;
+    /* the n traced rows of each layer */
+    const size_t qd = (size_t)g->cfg.n_heads * g->cfg.head_dim;
+    for (int l = 0; g->trace && l < g->cfg.n_layers; l++)
+        if (cuda_download(g->trace_host + (size_t)l * g->trace_rows * qd, g->trace + (size_t)l * g->trace_rows * qd,
+                          (size_t)n * qd * 4, "the traced queries", err, errlen))
+            return -1;
     return 0;
+}
+
+int gpu_trace_q(GpuModel *g, float *host, int rows, char *err, size_t errlen) {
+    cuda_free(g->trace);
+    g->trace = g->trace_host = NULL;
+    if (!host) return 0;
+    const size_t bytes = (size_t)g->cfg.n_layers * rows * g->cfg.n_heads * g->cfg.head_dim * 4;
+    if (!(g->trace = cuda_alloc(bytes, "the traced queries", err, errlen))) return -1;
+    g->trace_host = host, g->trace_rows = rows;
+    return 0;
+}
+
+int gpu_kv_read_f32(const KVCache *kv, int layer, int head, int t0, int n, float *k, float *v, char *err,
+                    size_t errlen) {
+    const GpuKV *d = kv->dev;
+    const int hd = kv->d;
+    if (d->fmt != CUDA_KV_F32 || layer < 0 || layer >= d->layers || head < 0 || head >= kv->n_kv || t0 < 0 ||
+        n < 0 || t0 + n > kv->dev_len) {
+        snprintf(err, errlen, "gpu_kv_read_f32: positions [%d, %d) of layer %d, head %d: not in this f32 cache of %d",
+                 t0, t0 + n, layer, head, kv->dev_len);
+        return -1;
+    }
+    /* stream (layer, head) of rows [cap, hd] (kernels/cuda.h) */
+    const size_t at = d->layer_bytes * layer + (size_t)head * cuda_kv_stream_bytes(d->fmt, hd, d->cap) +
+                      (size_t)t0 * hd * 4;
+    return cuda_download(k, d->k + at, (size_t)n * hd * 4, "the cache's keys", err, errlen) ||
+                   cuda_download(v, d->v + at, (size_t)n * hd * 4, "the cache's values", err, errlen)
+               ? -1
+               : 0;
 }
 
 int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
@@ -903,6 +960,15 @@ int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logit
 int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *tokens, int n, float *logits,
                     int all_logits, float *hm, int *bad, char *err, size_t errlen) {
     (void)g, (void)mkv, (void)hidden, (void)tokens, (void)n, (void)logits, (void)all_logits, (void)hm, (void)bad;
+    return no_cuda(err, errlen);
+}
+int gpu_trace_q(GpuModel *g, float *host, int rows, char *err, size_t errlen) {
+    (void)g, (void)rows;
+    return host ? no_cuda(err, errlen) : 0;
+}
+int gpu_kv_read_f32(const KVCache *kv, int layer, int head, int t0, int n, float *k, float *v, char *err,
+                    size_t errlen) {
+    (void)kv, (void)layer, (void)head, (void)t0, (void)n, (void)k, (void)v;
     return no_cuda(err, errlen);
 }
 

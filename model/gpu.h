@@ -79,6 +79,17 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
  * stops after the chunk that holds it. */
 int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logits, int all_logits, float *hidden,
                 int *bad, char *err, size_t errlen);
+/* -m kvstats: from the next gpu_forward on, each layer's queries (after
+ * their norm and RoPE, as model.c's trace_q) go to host [layers][rows]
+ * [n_heads * head_dim], the forward's token i in row i of its layer, and
+ * the forwards run outside the captured graphs; a forward of more than
+ * rows tokens fails. host NULL stops it. 0, or -1 with err. (Over a
+ * polar4 cache the queries come rotated: its store rotates them in place.) */
+int gpu_trace_q(GpuModel *g, float *host, int rows, char *err, size_t errlen);
+/* Positions [t0, t0 + n) of an f32 cache's K and V streams of (cache
+ * layer, kv head) into k and v [n, head_dim]. 0, or -1 with err. */
+int gpu_kv_read_f32(const KVCache *kv, int layer, int head, int t0, int n, float *k, float *v, char *err,
+                    size_t errlen);
 /* The next token from the last row of the last gpu_forward's logits,
  * which stay on the device (only the id comes back): what sampler_sample
  * would pick with the same SampleDraw (sample/sampler.cu). Fails where

@@ -649,6 +649,26 @@ int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int 
     return 0;
 }
 
+int model_trace_q(Model *m, float *host, char *err, size_t errlen) {
+    if (m->gpu) return gpu_trace_q(m->gpu, host, m->s.cap, err, errlen);
+    m->trace_q = host;
+    return 0;
+}
+
+int model_kv_read(const KVCache *kv, int layer, int head, int t0, int n, float *k, float *v, char *err, size_t errlen) {
+    if (kv->dev) return gpu_kv_read_f32(kv, layer, head, t0, n, k, v, err, errlen);
+    if (strcmp(kv->spec.k->name, "f32") || strcmp(kv->spec.v->name, "f32") || t0 < 0 || n < 0 ||
+        t0 + n > kv_cache_len(kv)) {
+        snprintf(err, errlen, "model_kv_read: positions [%d, %d) of an f32 cache of %d", t0, t0 + n, kv_cache_len(kv));
+        return -1;
+    }
+    for (int t = 0; t < n; t++) {
+        kv_stream_get(kv_k((KVCache *)kv, layer, head), t0 + t, k + (size_t)t * kv->d);
+        kv_stream_get(kv_v((KVCache *)kv, layer, head), t0 + t, v + (size_t)t * kv->d);
+    }
+    return 0;
+}
+
 /* ---- forward ---- */
 
 /* One sequence's part of a forward: its tokens are rows [row, row + n) of

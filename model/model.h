@@ -88,8 +88,9 @@ typedef struct Model {
     Layer mtp_layer;
     Weight mtp_head;       /* [V, H] the lm_head drafts use: lm_head, or its q8 copy */
     Scratch s;
-    /* Optional probe for -m kvstats: when set, each layer copies its roped
-     * queries [n, nH*hd] to trace_q + layer * s.cap * nH*hd. */
+    /* Optional probe for -m kvstats (set by model_trace_q): when set, each
+     * layer copies its roped queries [n, nH*hd] to trace_q + layer * s.cap
+     * * nH*hd. */
     float *trace_q;
     /* Optional journal for model_state_replay (speculative verification):
      * when set, model_forward of n <= journal_cap tokens records each Gated
@@ -157,6 +158,14 @@ void model_drop_gpu(Model *m);
  * the context, and a hybrid's recurrent state, which does not. */
 double model_cache_bytes(const Model *m, const KVSpec *spec, int ctx);
 int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen);
+/* -m kvstats' probe, on the CPU or the GPU: from the next model_forward on,
+ * each cache layer's roped queries of a forward's tokens go to host
+ * [cache layers][s.cap][nH*hd] (a forward takes at most s.cap tokens
+ * then); NULL stops it. 0, or -1 with err. */
+int model_trace_q(Model *m, float *host, char *err, size_t errlen);
+/* Positions [t0, t0 + n) of an f32 cache's stream (cache layer, kv head),
+ * on the CPU or the GPU, into k and v [n, head_dim]. 0, or -1 with err. */
+int model_kv_read(const KVCache *kv, int layer, int head, int t0, int n, float *k, float *v, char *err, size_t errlen);
 
 /* Runs tokens[0..n) at positions [p, p+n), p = kv_cache_len(kv), appending
  * their K/V. logits: NULL, or [n, V] when all_logits, else [V] of the last

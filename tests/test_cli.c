@@ -164,6 +164,42 @@ Test(cli, compare_without_greedy_tokens) {
     free(out), free(err);
 }
 
+/* -m kvstats: a row per cache layer (a hybrid's full-attention layers);
+ * f32 stores every vector as it is (cosine 1, no error anywhere), q8 and
+ * tbq4 within their rounding: errors above zero and in the order of
+ * their bits (measured on the shipped model: q8 about 0.005, tbq4 0.09). */
+Test(cli, kvstats_rows_follow_the_scheme) {
+    static const struct {
+        const char *model, *kv;
+        int layers;
+        double lo, hi;
+    } cases[] = {
+        {"models/qwen3-kjv-mtp", "f32", 6, 0, 0},
+        {"models/qwen3-kjv-mtp", "q8", 6, 1e-3, 0.02},
+        {"models/qwen3-kjv-mtp", "tbq4", 6, 0.03, 0.2},
+        {"models/qwen35-kjv-mtp", "tbq4", 2, 0.03, 0.2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char args[512], *out, *err;
+        snprintf(args, sizeof args, "%s -m kvstats -kv %s -dev cpu -i 'In the beginning God created the heaven and the earth.'",
+                 cases[i].model, cases[i].kv);
+        cr_assert_eq(run(args, &out, &err), 0, "%s: %s", args, err);
+        double r[16][6];
+        const int n = kvstats_rows(out, r, 16);
+        cr_expect_eq(n, cases[i].layers, "%s: %d rows: %s", args, n, out);
+        static const int errs[] = {2, 4, 5}; /* the K, V and output error columns */
+        for (int l = 0; l < n; l++) {
+            for (int k = 0; k < 3; k++) {
+                const double e = r[l][errs[k]];
+                cr_expect(e >= cases[i].lo && e <= cases[i].hi, "%s: layer %g column %d: %g not in [%g, %g]", args,
+                          r[l][0], errs[k], e, cases[i].lo, cases[i].hi);
+            }
+            if (cases[i].hi == 0) cr_expect(r[l][1] == 1 && r[l][3] == 1, "%s: f32 cosines below 1", args);
+        }
+        free(out), free(err);
+    }
+}
+
 /* -m compare: rows name their weights; with -wq q8 the f32 reference keeps
  * the stored weights and f32 on q8 weights shows the weights' cost alone. */
 Test(cli, compare_rows_name_their_weights) {

@@ -858,44 +858,97 @@ static char *run_text(const char *env, const char *args, int gpu, int spec) {
     return out;
 }
 
-/* ./run's table from -m compare: per scheme row, its ppl and top-1 (%),
- * found by the scheme's name in the first column; 0 rows on failure. */
-static int compare_rows(const char *dev, const char *names[], int n, double *ppl, double *top1) {
+/* ./run's table from -m compare (more options in extra): per row, its ppl
+ * and top-1 (%), found by "scheme weights" (its first two columns) in
+ * names; 0 rows on failure. */
+static int compare_rows(const char *dev, const char *extra, const char *names[], int n, double *ppl, double *top1) {
     const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s models/qwen3-kjv-mtp -dev %s -m compare -kv f16,q8,tbq4 -f tools/data/heldout.txt "
-             "-c 400 -n 8 2>/dev/null", bin, dev);
+             "-c 400 -n 8 %s 2>/dev/null", bin, dev, extra);
     FILE *p = popen(cmd, "r");
     cr_assert(p, "cannot run %s", cmd);
     char line[1024];
     int found = 0;
     while (fgets(line, sizeof line, p))
         for (int i = 0; i < n; i++) {
-            char name[32];
+            char name[32], weights[32], row[72];
             double f[10];
             /* | name | weights | K bits | V bits | bytes | vs f16 | ppl | dppl | KL | top-1% | ... */
-            if (sscanf(line, "| %31s | %*s | %lf | %lf | %lf | %lfx | %lf | %lf | %lf | %lf%%", name, &f[0], &f[1],
-                       &f[2], &f[3], &f[4], &f[5], &f[6], &f[7]) == 9 &&
-                !strcmp(name, names[i]))
-                ppl[i] = f[4], top1[i] = f[7], found++;
+            if (sscanf(line, "| %31s | %31s | %lf | %lf | %lf | %lfx | %lf | %lf | %lf | %lf%%", name, weights, &f[0],
+                       &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7]) != 10)
+                continue;
+            snprintf(row, sizeof row, "%s %s", name, weights);
+            if (!strcmp(row, names[i])) ppl[i] = f[4], top1[i] = f[7], found++;
         }
     cr_expect_eq(pclose(p), 0, "%s failed", cmd);
     return found;
 }
 
-/* -m compare on the GPU: the CPU's table, its quality columns within
- * rounding of the logits (q8's and tbq4's CPU scores use 8-bit queries,
- * their GPU ones f32: a little more). */
+/* The two tables' quality columns against each other: ppl within rounding
+ * of the logits (q8's and tbq4's CPU scores use 8-bit queries, their GPU
+ * ones f32: a little more, rows coded from 2 on), top-1 within a position
+ * in a hundred. */
+static void compare_tables(const char *extra, const char *names[], int n) {
+    double cp[8], ct[8], gp[8], gt[8];
+    cr_assert_eq(compare_rows("cpu", extra, names, n, cp, ct), n, "the CPU's table %s", extra);
+    cr_assert_eq(compare_rows("cuda", extra, names, n, gp, gt), n, "the GPU's table %s", extra);
+    for (int i = 0; i < n; i++) {
+        cr_expect(fabs(gp[i] / cp[i] - 1) < (i >= 2 ? 2e-3 : 2e-4), "%s %s: ppl %.4f on the GPU, %.4f on the CPU",
+                  names[i], extra, gp[i], cp[i]);
+        cr_expect(fabs(gt[i] - ct[i]) <= 1.0, "%s %s: top-1 %.1f%% on the GPU, %.1f%% on the CPU", names[i], extra, gt[i],
+                  ct[i]);
+    }
+}
+
+/* -m compare on the GPU: the CPU's table. */
 Test(cuda, compare_matches_the_cpu, .timeout = 120) {
     need_gpu();
-    const char *names[] = {"f32", "f16", "q8", "tbq4"};
-    double cp[4], ct[4], gp[4], gt[4];
-    cr_assert_eq(compare_rows("cpu", names, 4, cp, ct), 4, "the CPU's table");
-    cr_assert_eq(compare_rows("cuda", names, 4, gp, gt), 4, "the GPU's table");
-    for (int i = 0; i < 4; i++) {
-        cr_expect(fabs(gp[i] / cp[i] - 1) < (i >= 2 ? 2e-3 : 2e-4), "%s: ppl %.4f on the GPU, %.4f on the CPU",
-                  names[i], gp[i], cp[i]);
-        cr_expect(fabs(gt[i] - ct[i]) <= 1.0, "%s: top-1 %.1f%% on the GPU, %.1f%% on the CPU", names[i], gt[i], ct[i]);
+    const char *names[] = {"f32 stored", "f16 stored", "q8 stored", "tbq4 stored"};
+    compare_tables("", names, 4);
+}
+
+/* -m compare -wq q8 on the GPU: the stored-weights reference a second
+ * model there, the rows on q8 weights; the CPU's table (q8 weights on both
+ * devices: q8_weights_match_the_cpu). */
+Test(cuda, compare_with_q8_weights_matches_the_cpu, .timeout = 120) {
+    need_gpu();
+    const char *names[] = {"f32 stored", "f32 q8", "q8 q8", "tbq4 q8"};
+    compare_tables("-wq q8", names, 4);
+}
+
+/* -m kvstats on the GPU: the forward and its f32 cache there, the
+ * scheme's vectors made by the CPU's quantizer (the GPU's bytes) and
+ * attended by the CPU: the CPU's table within what the two devices'
+ * keys and values differ by (their last bits, which may move a value to
+ * the neighbouring code: a few in 10^4 of the printed errors). */
+Test(cuda, kvstats_matches_the_cpu, .timeout = 120) {
+    need_gpu();
+    const char *bin = getenv("RUN_BIN") ? getenv("RUN_BIN") : "./run";
+    static const char *const kvs[] = {"f32", "q8", "tbq4"};
+    for (int k = 0; k < 3; k++) {
+        double r[2][8][6];
+        int n[2];
+        for (int g = 0; g < 2; g++) {
+            char cmd[1024];
+            /* about 400 tokens of the held-out text */
+            snprintf(cmd, sizeof cmd, "%s models/qwen3-kjv-mtp -dev %s -m kvstats -kv %s -i \"$(head -c 1200 "
+                     "tools/data/heldout.txt)\" 2>&1", bin, g ? "cuda" : "cpu", kvs[k]);
+            FILE *p = popen(cmd, "r");
+            cr_assert(p, "cannot run %s", cmd);
+            char *out = calloc(1, 1 << 16);
+            out[fread(out, 1, (1 << 16) - 1, p)] = 0;
+            cr_assert_eq(pclose(p), 0, "%s failed: %s", cmd, out);
+            /* the model line names the device: "..., 2 threads, CUDA" or the CPU's kernels */
+            cr_expect(!!strstr(out, " threads, CUDA\n") == g, "%s: %s", cmd, out);
+            n[g] = kvstats_rows(out, r[g], 8);
+            free(out);
+        }
+        cr_assert(n[0] == 6 && n[1] == 6, "-kv %s: %d rows on the CPU, %d on the GPU", kvs[k], n[0], n[1]);
+        for (int l = 0; l < 6; l++)
+            for (int c = 1; c < 6; c++)
+                cr_expect(fabs(r[1][l][c] - r[0][l][c]) <= 2e-3, "-kv %s layer %d column %d: %g on the GPU, %g on the CPU",
+                          kvs[k], l, c, r[1][l][c], r[0][l][c]);
     }
 }
 

@@ -305,10 +305,8 @@ Test(usage, device_option) {
     } refused[] = {
         {"-dev cuda -kv kivi4 -n 1", "KV scheme kivi4 has no CUDA kernel yet"},
         {"-dev cuda -ctk f16 -ctv f32 -n 1", "K and V in different schemes (f16/f32)"},
-        {"-dev cuda -m kvstats -i x", "-m kvstats runs on the CPU only"},
         {"-dev cuda -m compare -kv f16,kivi2 -i x", "KV scheme kivi2 has no CUDA kernel yet"},
         {"-dev cuda -act bf16 -n 1", "-act bf16 is the CPU's"},
-        {"-dev cuda -m compare -wq q8 -i x", "-m compare -wq q8 runs on the CPU only"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
         cr_expect_eq(run(&o, &e, "%s", refused[i].args), 2, "%s", refused[i].args);

@@ -116,6 +116,19 @@ static inline char *slurp(const char *path, size_t *n) {
     return b;
 }
 
+/* -m kvstats' table in out: its rows (layer, K cos, K rel err, V cos,
+ * V rel err, attention output rel err) into r[max][6]; returns how many. */
+static inline int kvstats_rows(const char *out, double (*r)[6], int max) {
+    int n = 0;
+    for (const char *p = strstr(out, "|---:|"); p && (p = strchr(p, '\n')) && n < max; p++) {
+        if (sscanf(p, "\n| %lf | %lf | %lf | %lf | %lf | %lf |", &r[n][0], &r[n][1], &r[n][2], &r[n][3], &r[n][4],
+                   &r[n][5]) != 6)
+            break;
+        n++;
+    }
+    return n;
+}
+
 /* Up to cap token ids from a text file. */
 static inline int read_tokens(const char *path, int *ids, int cap) {
     FILE *f = fopen(path, "r");

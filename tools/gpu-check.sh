@@ -63,9 +63,15 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
     for dev in cpu cuda; do
         timeout 60 "$BUILD/run" -dev $dev -wq q8 -m ppl -kv f32 -f tools/data/heldout.txt 2>&1 | tail -n 3
     done
+    echo "== -m kvstats -kv q8 (about 400 tokens), cpu then cuda; -m compare -wq q8, cpu then cuda"
+    for dev in cpu cuda; do
+        timeout 60 "$BUILD/run" -dev $dev -m kvstats -kv q8 -i "$(head -c 1200 tools/data/heldout.txt)"
+    done
+    for dev in cpu cuda; do
+        timeout 60 "$BUILD/run" -dev $dev -m compare -wq q8 -kv f16,q8,tbq4 -f tools/data/heldout.txt -c 400 -n 8
+    done
     echo "== refusals (usage errors: exit 2)"
     timeout 30 "$BUILD/run" -dev cuda -kv kivi2 -n 4; echo "exit $?"
-    timeout 30 "$BUILD/run" -dev cuda -m kvstats -i "In the beginning"; echo "exit $?"
     echo "== auto"
     timeout 60 "$BUILD/run" -n 16 -t 0
 } > "$OUT/cli.txt" 2>&1
