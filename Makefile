@@ -108,7 +108,8 @@ $(BUILD)/test_all: $(TEST_OBJ) $(BUILD)/librun.a
 # and the tools' tests the binaries in $(TOOLS_DIR).
 # Criterion runs tests in parallel processes: passive OpenMP waiting keeps
 # their threads from spinning against each other on a small machine.
-test: $(BUILD)/run $(BUILD)/test_all $(BUILD)/make_model $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/bench_serve
+test: $(BUILD)/run $(BUILD)/test_all $(BUILD)/make_model $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/bench_serve \
+	$(if $(filter 1,$(CUDA)),$(BUILD)/bench_cuda)
 	OMP_WAIT_POLICY=passive RUN_BIN=$(BUILD)/run TOOLS_DIR=$(BUILD) $(BUILD)/test_all $(TEST_ARGS)
 
 test-asan:
@@ -131,7 +132,8 @@ $(BUILD)/plain/%.o: %.c $(HDRS) tests/runner/criterion/criterion.h
 $(BUILD)/test_plain: $(PLAIN_OBJ) $(BUILD)/librun.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-test-plain: $(BUILD)/run $(BUILD)/test_plain $(BUILD)/make_model $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/bench_serve
+test-plain: $(BUILD)/run $(BUILD)/test_plain $(BUILD)/make_model $(BUILD)/bench $(BUILD)/bench_attn $(BUILD)/bench_serve \
+	$(if $(filter 1,$(CUDA)),$(BUILD)/bench_cuda)
 	OMP_WAIT_POLICY=passive RUN_BIN=$(BUILD)/run TOOLS_DIR=$(BUILD) $(BUILD)/test_plain $(TEST_ARGS)
 
 # aarch64 (docs/arm.md): cross-built with Debian's gcc-aarch64-linux-gnu and

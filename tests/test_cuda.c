@@ -76,6 +76,51 @@ Test(cuda, a_build_without_cuda_says_so) {
 
 #else
 
+/* bench_cuda --computed (no GPU needed): the unified-memory machines'
+ * decode bound, 28 rows (2 shapes x 2 weights x a context-0 row and 3
+ * schemes at 4K and 32K); GB10's and GH200's copy columns the bytes a
+ * token reads over 232 and 3400 GB/s, GH200's map column below its copy
+ * one (the weights over C2C), and two rows' bytes as worked out by hand
+ * from the shapes. */
+Test(cuda, computed_unified_table) {
+    const char *dir = getenv("TOOLS_DIR") ? getenv("TOOLS_DIR") : "build";
+    char cmd[512], line[512];
+    snprintf(cmd, sizeof cmd, "%s/bench_cuda --computed", dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "cannot run %s", cmd);
+    int rows = 0, seen = 0;
+    while (fgets(line, sizeof line, p)) {
+        char shape[16], w[16], kv[16];
+        int ctx;
+        double gb, gb10, copy, map;
+        if (sscanf(line, "| %15s | %15s | %15s | %d | %lf | %lf | %lf | %lf |", shape, w, kv, &ctx, &gb, &gb10, &copy,
+                   &map) != 8)
+            continue;
+        rows++;
+        /* within the printed digits: tok/s to 0.1, and GB to 0.001, which
+         * moves bw / GB by up to bw / GB x 0.0005 / GB */
+        cr_expect(fabs(gb10 - 232 / gb) <= 0.05 + 232 / gb * 5e-4 / gb &&
+                      fabs(copy - 3400 / gb) <= 0.05 + 3400 / gb * 5e-4 / gb,
+                  "%s", line);
+        cr_expect(map < copy && map > 0, "%s", line);
+        /* 0.6B, bf16, no cache: 28 layers of (2048 + 2 x 1024 + 2048 + 3 x 3072) x 1024 weights, and the
+         * 151936 x 1024 lm_head, 2 bytes each = 1.192 GB */
+        if (!strcmp(shape, "0.6B") && !strcmp(w, "bf16") && ctx == 0) {
+            seen++;
+            cr_expect(fabs(gb - 1.192) < 1e-3 && fabs(map - 375 / 1.192) < 0.2, "%s", line);
+        }
+        /* 8B, q8 weights, tbq4 at 32K: 8.514 GB of weights, then 36 layers x 8 heads x 2 x 32768 positions x
+         * 66 bytes per 128 values */
+        if (!strcmp(shape, "8B") && !strcmp(w, "q8") && !strcmp(kv, "tbq4") && ctx == 32768) {
+            seen++;
+            cr_expect(fabs(gb - (8.514 + 36.0 * 8 * 2 * 32768 * 66 / 1e9)) < 2e-3, "%s", line);
+        }
+    }
+    cr_expect_eq(pclose(p), 0, "%s failed", cmd);
+    cr_expect_eq(rows, 28, "%d rows", rows);
+    cr_expect_eq(seen, 2, "the two rows worked out by hand");
+}
+
 static void need_gpu(void) {
     if (cuda_device_count() == 0) cr_skip_test("no CUDA device here (cudaGetDeviceCount reports none or no driver)");
     CudaInfo info;

@@ -17,8 +17,12 @@
  * decode and prefill of each shape with -wq q8's weights.
  *
  *   build/bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes | --q8]
+ *   build/bench_cuda --computed
  *
  * --schemes: only the table over the KV schemes; --q8: only -wq q8's.
+ * --computed: no GPU needed; the decode bound on the unified-memory
+ * machines none of these runs had (GB10, GH200) from their bandwidths:
+ * bytes a token reads over the memory each comes from.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -303,16 +307,61 @@ static void bench_q8_weights(const char *name, int steps, double bw) {
     gpu_model_free(g);
 }
 
+/* Bandwidths the computed table divides by, as measured elsewhere
+ * (../shared/specs/cuda.md, section 1): GB10's LPDDR5x by a saturating
+ * read kernel (231-234 GB/s of 273 nominal, antirez/ds4), GH200's HBM3 by
+ * STREAM on its GPU (3.4 TB/s of 4.0) and its NVLink-C2C by host-to-device
+ * copies (375 GB/s; arXiv 2408.11556). */
+#define GB10_GBS 232.0
+#define GH200_HBM_GBS 3400.0
+#define GH200_C2C_GBS 375.0
+
+/* Decode's upper bound per shape, weights (stored bf16 or -wq q8), KV
+ * scheme and context: on GB10 weights and cache share one LPDDR5x, so
+ * reading the weights where they are mapped and from a copy cost the
+ * same (the copy only doubles their memory); on GH200 a copy reads them
+ * from HBM, the mapping from Grace's memory over C2C, the cache being in
+ * HBM either way. */
+static void computed_table(void) {
+    static const char *const schemes[] = {"f16", "q8", "tbq4"};
+    const int ctxs[] = {0, 4096, 32768};
+    printf("Computed, not measured: tok/s = 1 / (weight bytes / their memory's bandwidth + KV bytes / HBM's or "
+           "LPDDR5x's);\nGB10 %.0f GB/s, GH200 HBM3 %.0f GB/s and C2C %.0f GB/s\n\n",
+           GB10_GBS, GH200_HBM_GBS, GH200_C2C_GBS);
+    printf("| shape | weights | KV | context | GB / token (weights + KV) | GB10, map or copy | GH200, copy | "
+           "GH200, map |\n|---|---|---|---:|---:|---:|---:|---:|\n");
+    for (int sh = 0; sh < 2; sh++) {
+        const Config c = shape(sh ? "8b" : "0.6b");
+        for (int q8 = 0; q8 < 2; q8++) {
+            /* -wq q8: a byte and an f32 scale per 32 weights */
+            const double w = step_weight_bytes(&c) / 2 * (q8 ? 1.125 : 2) / 1e9;
+            /* at context 0 no cache is read: one row, whatever the scheme */
+            for (int k = 0; k < 3; k++)
+                for (int i = k ? 1 : 0; i < 3; i++) {
+                    const double bits = kv_find(schemes[k])->bits(c.head_dim, &(KVOpts){0, 0});
+                    const double kv = (double)ctxs[i] * c.n_layers * c.n_kv_heads * 2 * c.head_dim * bits / 8 / 1e9;
+                    printf("| %s | %s | %s | %d | %.3f | %.1f | %.1f | %.1f |\n", sh ? "8B" : "0.6B", q8 ? "q8" : "bf16",
+                           i ? schemes[k] : "-", ctxs[i], w + kv, GB10_GBS / (w + kv), GH200_HBM_GBS / (w + kv),
+                           1 / (w / GH200_C2C_GBS + kv / GH200_HBM_GBS));
+                }
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     const char *which = "all";
     int steps = 50, schemes_only = 0, q8_only = 0;
+    if (argc == 2 && !strcmp(argv[1], "--computed")) {
+        computed_table();
+        return 0;
+    }
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) which = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--schemes")) schemes_only = 1;
         else if (!strcmp(argv[i], "--q8")) q8_only = 1;
         else {
-            fprintf(stderr, "usage: bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes | --q8]\n");
+            fprintf(stderr, "usage: bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes | --q8], or --computed\n");
             return 2;
         }
     }

@@ -32,7 +32,7 @@ if ! "$BUILD/run" --version > /dev/null 2>&1 || ! "$BUILD/test_plain" --list > /
 fi
 log "$("$BUILD/run" --version)"
 
-RUN_BIN=$BUILD/run timeout 150 "$BUILD/test_plain" --verbose > "$OUT/tests.txt" 2>&1
+RUN_BIN=$BUILD/run TOOLS_DIR=$BUILD timeout 150 "$BUILD/test_plain" --verbose > "$OUT/tests.txt" 2>&1
 rc=$?
 log "tests: $(grep Synthesis "$OUT/tests.txt") (exit $rc)"
 grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary.txt"
