@@ -24,6 +24,7 @@ cudaStream_t g_stream;
 int g_pdl;
 static char g_failed_op[64];
 static cudaError_t g_failed;
+static int g_integrated; /* device 0 shares the system's memory (cuda_open) */
 
 void cuda_note(const char *op) {
     cudaError_t e = cudaGetLastError();
@@ -63,6 +64,7 @@ extern "C" int cuda_open(CudaInfo *info, char *err, size_t errlen) {
     info->cc_major = p.major;
     info->cc_minor = p.minor;
     info->mem_total = p.totalGlobalMem;
+    info->integrated = g_integrated = p.integrated;
     /* SASS for 8.0 and up, and PTX a later GPU compiles: nothing for older ones */
     if (p.major < 8) {
         snprintf(err, errlen, "-dev cuda: %s has compute capability %d.%d; this build runs on 8.0 and up", p.name,
@@ -85,15 +87,33 @@ extern "C" void cuda_mem(size_t *free_b, size_t *total_b) {
     if (cudaMemGetInfo(free_b, total_b) != cudaSuccess) *free_b = *total_b = 0;
 }
 
+/* The system's MemAvailable in bytes, 0 when /proc/meminfo does not say. */
+static size_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (size_t)kb * 1024;
+}
+
 extern "C" void *cuda_alloc(size_t bytes, const char *what, char *err, size_t errlen) {
     void *d = NULL;
+    const size_t avail = g_integrated ? mem_available() : 0;
+    if (avail && bytes > avail) {
+        snprintf(err, errlen, "out of memory for %s: %.2f GB needed, %.2f GB available (MemAvailable: this GPU "
+                              "shares the system's memory)", what, bytes / 1e9, avail / 1e9);
+        return NULL;
+    }
     cudaError_t e = cudaMalloc(&d, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         cudaGetLastError();
         size_t fr = 0, tot = 0;
         cuda_mem(&fr, &tot);
-        snprintf(err, errlen, "out of GPU memory for %s: %.2f GB needed, %.2f GB of %.2f GB free (%s)", what,
-                 bytes / 1e9, fr / 1e9, tot / 1e9, cudaGetErrorString(e));
+        if (avail) fr = avail;
+        snprintf(err, errlen, "out of GPU memory for %s: %.2f GB needed, %.2f GB of %.2f GB free%s (%s)", what,
+                 bytes / 1e9, fr / 1e9, tot / 1e9, avail ? " (MemAvailable)" : "", cudaGetErrorString(e));
         return NULL;
     }
     return d;

@@ -33,13 +33,18 @@ typedef struct {
     char name[256];
     int sm_count, cc_major, cc_minor;
     size_t mem_total; /* bytes */
+    int integrated;   /* the GPU shares the system's memory (GB10, Thor, Jetson) */
 } CudaInfo;
 
 /* Opens device 0 and the stream every launcher runs on. 0 ok, -1 with one
  * line in err (no device, no driver, or a build without CUDA). */
 int cuda_open(CudaInfo *info, char *err, size_t errlen);
 /* Device memory of bytes for what (named in the error line with the bytes
- * free), NULL with err on failure. */
+ * free), NULL with err on failure. On an integrated GPU cudaMemGetInfo's
+ * free figure counts the page cache as used (it reads MemFree), so there
+ * the budget is the system's MemAvailable (/proc/meminfo, as llama.cpp
+ * reads it there), and a request above it is refused before cudaMalloc,
+ * which the kernel might otherwise grant by evicting or swapping. */
 void *cuda_alloc(size_t bytes, const char *what, char *err, size_t errlen);
 void cuda_free(void *d);
 /* Host <-> device copies on the stream (synchronous for pageable memory).
