@@ -42,8 +42,10 @@
  * into two bf16 halves they take two of them per 32 products, as many as
  * the FMAs.
  *
- * aarch64 runs the AVX2 path's row-major tiles and the panels in NEON
- * (below); other CPUs run matmul_ref (and kernels_isa() is "ref" there).
+ * aarch64 runs the AVX2 path's row-major tiles and the panels in NEON,
+ * DT_BF16D with BF16's bfmlalt/bfmlalb and DT_Q8I with I8MM's usdot, each
+ * the x86 kernel's arithmetic (below); other CPUs run matmul_ref (and
+ * kernels_isa() is "ref" there).
  */
 #include "kernels/matmul.h"
 #include "kernels/flush.h"

@@ -28,7 +28,8 @@
  *   data:  | int8 q[cols] | per row          w = q * scale
  *   scale: | f32 d[cols / 32] | per row      d = max|w| / 127 per 32 columns */
 /* DT_Q8I: the same codes and scales, laid out for integer dot products
- * (AVX-512 VNNI) against activations quantized by the same rule per token;
+ * (AVX-512 VNNI's vpdpbusd, aarch64 I8MM's usdot) against activations
+ * quantized by the same rule per token;
  * for the MTP drafter, whose numbers verification makes harmless. rows a
  * multiple of 16; each tile of 16 rows is one run of 64-byte groups:
  *   data:  | 16 rows x |code + 128 (u8) x 4 columns| | per 4 columns, per tile
@@ -70,9 +71,9 @@ int weight_quantize_q8(const Weight *src, Weight *dst);
  * -1 when rows is not a positive multiple of 16, cols not a multiple of 32,
  * or memory runs out; -2 on a NaN or an infinity; dst untouched unless 0. */
 int weight_quantize_q8i(const Weight *src, Weight *dst);
-/* Whether DT_Q8I has its fast kernel here (kernels_isa() is avx512vnni);
- * without it DT_Q8I runs the plain C reference, same results for finite
- * activations. */
+/* Whether DT_Q8I has its fast kernel here (kernels_isa() is avx512vnni,
+ * or dotprod on a CPU with I8MM); without it DT_Q8I runs the plain C
+ * reference, same results for finite activations. */
 int matmul_has_q8i(void);
 /* Relays a row-major DT_BF16 w as DT_BF16P in place (its bytes must be
  * writable). 0 ok; -1 when w is not DT_BF16, rows is not a positive
@@ -87,8 +88,8 @@ int matmul_has_panels(void);
  * 4-byte boundary, or memory for one panel's rows runs out, w untouched. */
 int weight_to_dpanels(Weight *w);
 /* Whether matmul has its fast kernel for DT_BF16D here (AVX-512 and the
- * CPU's AVX-512 BF16); without it DT_BF16D runs the plain C reference, the
- * same bits, far slower. */
+ * CPU's AVX-512 BF16, or NEON and Armv8.6's BF16); without it DT_BF16D
+ * runs the plain C reference, the same bits, far slower. */
 int matmul_has_dpanels(void);
 /* Frees what weight_quantize_q8 / _q8i allocated; mapped weights are left alone. */
 void weight_free(Weight *w);
