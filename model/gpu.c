@@ -683,13 +683,13 @@ static int logits_down(GpuModel *g, int row0, int rows, float *dst, char *err, s
     return 0;
 }
 
-/* Tokens and position up; the graph of n tokens (captured on first use),
- * or the kernels one by one. */
 /* Whether a step of n tokens replays a captured graph: not past
  * GPU_GRAPH_MAX tokens, nor while the queries are traced (the copies'
  * rows move from step to step). */
 static int graphed(const GpuModel *g, int n) { return g->graphs && n <= GPU_GRAPH_MAX && !g->trace; }
 
+/* Tokens and position up; the graph of n tokens (captured on first use),
+ * or the kernels one by one. */
 static int step(GpuModel *g, GpuKV *d, const int *tokens, int n, int pos, char *err, size_t errlen) {
     if (cuda_upload(g->tokens, tokens, (size_t)n * sizeof(int), "token ids", err, errlen) ||
         cuda_upload(g->pos, &pos, sizeof(int), "the position", err, errlen))
