@@ -501,7 +501,6 @@ typedef struct {
     Stats st;
 } Run;
 
-/* The bytes the model's tensors take (on the CPU). */
 /* The bytes an amount of memory takes, for people: "1.2 MB". */
 static void human_bytes(double b, char *out, size_t n) {
     const char *u[] = {"B", "KB", "MB", "GB", "TB"};

@@ -495,6 +495,26 @@ void matmul_ref(float *y, const float *x, const Weight *w, int n) {
         }                                                                      \
     }
 
+#if defined(__x86_64__) || defined(__aarch64__)
+/* A per-thread working buffer of x (the SIMD paths' below), grown as
+ * needed and kept, 64-byte aligned; NULL when memory runs out. */
+typedef struct {
+    float *buf;
+    size_t cap;
+} Buf64;
+
+static float *buf_get(Buf64 *b, size_t floats) {
+    if (floats > b->cap) {
+        size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
+        float *p = aligned_alloc(64, bytes);
+        if (!p) return NULL;
+        free(b->buf);
+        b->buf = p, b->cap = floats;
+    }
+    return b->buf;
+}
+#endif
+
 #if defined(__x86_64__)
 #include "kernels/hsum.h"
 
@@ -992,22 +1012,7 @@ BF16_FN void dpanels512(float *y, const uint32_t *xh, const Weight *w, int o0, i
  *   xb:    x in column blocks per 12-token tile for DT_BF16P (block_rows);
  *   xh:    x rounded to bf16, in blocks per 12-token tile for DT_BF16D
  *          (bf16_rows). */
-typedef struct {
-    float *buf;
-    size_t cap;
-} Buf64;
 static _Thread_local Buf64 split_buf, pack_buf, q8i_buf, xb_buf, xh_buf;
-
-static float *buf_get(Buf64 *b, size_t floats) {
-    if (floats > b->cap) {
-        size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
-        float *p = aligned_alloc(64, bytes);
-        if (!p) return NULL;
-        free(b->buf);
-        b->buf = p, b->cap = floats;
-    }
-    return b->buf;
-}
 
 /* Rows [i0, i1) of x [., in] into xs in split order (see Buf64). */
 static void split_rows(float *xs, const float *x, int i0, int i1, int in) {
@@ -1644,40 +1649,29 @@ static void panels_neon(float *y, const float *x, const Weight *w, int n) {
     }
 }
 
-/* x prepared for DT_BF16D or DT_Q8I, per calling thread, grown as needed
- * and kept, as the x86 paths keep theirs (matmul_reserve grows it ahead,
- * matmul_thread_free frees it); 16-byte aligned:
+/* x prepared for DT_BF16D or DT_Q8I (a Buf64, as the x86 paths keep
+ * theirs: matmul_reserve grows it ahead, matmul_thread_free frees it):
  *   DT_BF16D: x rounded to bf16, [n, in / 2] pairs (the even column low)
  *   DT_Q8I:   x quantized, [n, in] codes, then [n, in / 32] scales and as
  *             many biases (quantize32_ref)
  * Without it (out of memory) both take the reference: the same bits. */
-static _Thread_local void *xq_buf;
-static _Thread_local size_t xq_cap;
+static _Thread_local Buf64 xq_buf;
 
-static void *xq_get(size_t bytes) {
-    if (bytes > xq_cap) {
-        void *p = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
-        if (!p) return NULL;
-        free(xq_buf);
-        xq_buf = p, xq_cap = bytes;
-    }
-    return xq_buf;
-}
-
-/* Bytes of xq_buf for n rows of in columns: the larger of the two uses. */
-static size_t xq_bytes(int n, int in) {
-    const size_t half = (size_t)n * in * 2, q8 = ((size_t)n * in + 15) / 16 * 16 + 8 * (size_t)n * (in / 32);
+/* Floats of xq_buf for n rows of in columns: the larger of the two uses
+ * (the codes rounded up to whole 16-byte words). */
+static size_t xq_floats(int n, int in) {
+    const size_t half = (size_t)n * in / 2, q8 = ((size_t)n * in + 15) / 16 * 4 + 2 * (size_t)n * (in / 32);
     return half > q8 ? half : q8;
 }
 
 void matmul_thread_free(void) {
-    free(xq_buf);
-    xq_buf = NULL, xq_cap = 0;
+    free(xq_buf.buf);
+    xq_buf = (Buf64){NULL, 0};
 }
 
 int matmul_reserve(int n, int cols) {
     if (!matmul_has_dpanels() && !matmul_has_q8i()) return 0;
-    return xq_get(xq_bytes(n, cols)) ? 0 : -1;
+    return buf_get(&xq_buf, xq_floats(n, cols)) ? 0 : -1;
 }
 
 /* ---- DT_BF16D with BF16: bfmlalt then bfmlalb (-act bf16) ----
@@ -1746,7 +1740,7 @@ static __attribute__((target("arch=armv8.2-a+bf16"))) void dpanel_neon_t(float *
  * each group all tokens in tiles of up to DPANEL_NT. -1: no buffer. */
 static int dpanels_neon(float *y, const float *x, const Weight *w, int n) {
     const int pairs = w->cols / 2, np = w->rows / 16;
-    uint32_t *xh = xq_get((size_t)n * pairs * 4);
+    uint32_t *xh = (uint32_t *)buf_get(&xq_buf, (size_t)n * pairs);
     if (!xh) return -1;
 #pragma omp parallel
     {
@@ -1823,10 +1817,10 @@ I8MM void q8i_tile_neon(float *y, const int8_t *qx, const float *dx, const int32
  * buffer. */
 static __attribute__((target("arch=armv8.2-a+i8mm"))) int q8i_neon(float *y, const float *x, const Weight *w, int n) {
     const int in = w->cols, nb = in / 32;
-    uint8_t *buf = xq_get(xq_bytes(n, in));
+    float *buf = buf_get(&xq_buf, xq_floats(n, in));
     if (!buf) return -1;
     int8_t *qx = (int8_t *)buf;
-    float *dx = (float *)(buf + ((size_t)n * in + 15) / 16 * 16);
+    float *dx = buf + ((size_t)n * in + 15) / 16 * 4;
     int32_t *bias = (int32_t *)(dx + (size_t)n * nb);
     for (size_t b = 0; b < (size_t)n * nb; b++) dx[b] = quantize32_ref(x + b * 32, qx + b * 32, &bias[b]);
 #pragma omp parallel for schedule(static)
