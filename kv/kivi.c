@@ -10,7 +10,8 @@
  * factored out per group) and kivi_accum (V, zero point summed per group):
  * AVX-512 kernels for head dims 128 and 256 (V: groups of 16 channels or
  * a multiple), else AVX2 (K scores in integers at head dim 128), else
- * plain C; NEON ones on aarch64.
+ * plain C; NEON ones on aarch64. The quantizers run 8 groups a step on
+ * AVX2 (4 on NEON), to plain C's bytes.
  *
  * Per group: s = (max - min) / (2^b - 1), z = min, both fp16;
  * code = round(clamp((x - z) / s, 0, 2^b - 1)) with the fp16 s and z
@@ -153,7 +154,10 @@ static int get_code(const uint8_t *row, int c, int b) { return row[c * b / 8] >>
 static void put_code(uint8_t *row, int c, int b, int q) { row[c * b / 8] |= (uint8_t)(q << (c * b % 8)); }
 
 /* One group of n values: fp16 scale and zero into *sh, *zh, codes into q[n],
- * computed with the fp16 values that dequantization will use. */
+ * computed with the fp16 values that dequantization will use. The loops'
+ * tests are written as the SIMD quantizers' min, max and clamp
+ * instructions compare (x86's vminps a, b is a < b ? a : b), so that those
+ * give these bytes for any input: a NaN code (a range past fp16's) is 0. */
 static void quant_group(const float *v, int n, int b, uint16_t *sh, uint16_t *zh, uint8_t *q) {
     const float top = (float)((1 << b) - 1);
     float mn = v[0], mx = v[0];
@@ -167,29 +171,46 @@ static void quant_group(const float *v, int n, int b, uint16_t *sh, uint16_t *zh
     for (int i = 0; i < n; i++) {
         /* s = 0 (constant group, or a range below fp16's reach): all codes 0, x̂ = z */
         float u = s > 0 ? (v[i] - z) / s : 0;
-        u = u < 0 ? 0 : u > top ? top : u;
+        u = u > 0 ? u : 0;
+        u = u < top ? u : top;
         q[i] = (uint8_t)(u + 0.5f);
     }
+}
+
+/* Channel c of the key block at blk (G tokens from tb): one group. */
+static void key_channel(KVStream *s, uint8_t *blk, int tb, int c) {
+    const Kivi *k = s->aux;
+    const int d = s->d;
+    float g[KV_MAX_DIM]; /* G <= d <= KV_MAX_DIM, by kivi_check */
+    uint8_t q[KV_MAX_DIM];
+    uint16_t sh, zh;
+    for (int i = 0; i < k->G; i++) g[i] = slot(s, tb + i)[c];
+    quant_group(g, k->G, k->b, &sh, &zh, q);
+    memcpy(blk + 2 * (size_t)c, &sh, 2);
+    memcpy(blk + 2 * (size_t)(d + c), &zh, 2);
+    for (int i = 0; i < k->G; i++) put_code(blk + 4 * (size_t)d + (size_t)i * k->row, c, k->b, q[i]);
+}
+
+/* Group g of value token t (unit u, its row zeroed): G channels. */
+static void value_group(KVStream *s, uint8_t *u, const float *x, int g) {
+    const Kivi *k = s->aux;
+    const int ng = s->d / k->G;
+    uint8_t q[KV_MAX_DIM];
+    uint16_t sh, zh;
+    quant_group(x + g * k->G, k->G, k->b, &sh, &zh, q);
+    memcpy(u + 2 * (size_t)g, &sh, 2);
+    memcpy(u + 2 * (size_t)(ng + g), &zh, 2);
+    for (int j = 0; j < k->G; j++) put_code(u + 4 * (size_t)ng, g * k->G + j, k->b, q[j]);
 }
 
 /* Quantizes the window tokens [t0, t0 + R) into R/G key blocks; per block
  * and channel c, one group = channel c of the block's G tokens. */
 static void flush_keys(KVStream *s, int t0) {
     const Kivi *k = s->aux;
-    const int d = s->d;
     for (int tb = t0; tb < t0 + k->R; tb += k->G) {
-        uint8_t *blk = s->data + (size_t)(tb / k->G) * k->unit, *rows = blk + 4 * (size_t)d;
-        memset(rows, 0, (size_t)k->G * k->row);
-        for (int c = 0; c < d; c++) {
-            float g[KV_MAX_DIM]; /* G <= d <= KV_MAX_DIM, by kivi_check */
-            uint8_t q[KV_MAX_DIM];
-            uint16_t sh, zh;
-            for (int i = 0; i < k->G; i++) g[i] = slot(s, tb + i)[c];
-            quant_group(g, k->G, k->b, &sh, &zh, q);
-            memcpy(blk + 2 * (size_t)c, &sh, 2);
-            memcpy(blk + 2 * (size_t)(d + c), &zh, 2);
-            for (int i = 0; i < k->G; i++) put_code(rows + (size_t)i * k->row, c, k->b, q[i]);
-        }
+        uint8_t *blk = s->data + (size_t)(tb / k->G) * k->unit;
+        memset(blk + 4 * (size_t)s->d, 0, (size_t)k->G * k->row);
+        for (int c = 0; c < s->d; c++) key_channel(s, blk, tb, c);
     }
 }
 
@@ -197,18 +218,15 @@ static void flush_keys(KVStream *s, int t0) {
 static void quant_value(KVStream *s, int t) {
     const Kivi *k = s->aux;
     const int ng = s->d / k->G;
-    uint8_t *u = s->data + (size_t)t * k->unit, *row = u + 4 * (size_t)ng;
-    const float *x = slot(s, t);
-    memset(row, 0, k->row);
-    for (int g = 0; g < ng; g++) {
-        uint8_t q[KV_MAX_DIM];
-        uint16_t sh, zh;
-        quant_group(x + g * k->G, k->G, k->b, &sh, &zh, q);
-        memcpy(u + 2 * (size_t)g, &sh, 2);
-        memcpy(u + 2 * (size_t)(ng + g), &zh, 2);
-        for (int j = 0; j < k->G; j++) put_code(row, g * k->G + j, k->b, q[j]);
-    }
+    uint8_t *u = s->data + (size_t)t * k->unit;
+    memset(u + 4 * (size_t)ng, 0, k->row);
+    for (int g = 0; g < ng; g++) value_group(s, u, slot(s, t), g);
 }
+
+/* flush_keys and quant_value in SIMD where a level has them (below): the
+ * same bytes. */
+static void flush_keys_fast(KVStream *s, int t0);
+static void quant_value_fast(KVStream *s, int t);
 
 /* Token t = len goes into the ring; a K window that now holds R tokens is
  * flushed whole, a V FIFO that now holds R + 1 quantizes its oldest. */
@@ -217,9 +235,9 @@ static void kivi_append(KVStream *s, const float *x) {
     const int t = s->len;
     memcpy(slot(s, t), x, (size_t)s->d * sizeof(float));
     if (s->role == 0) {
-        if ((t + 1) % k->R == 0) flush_keys(s, t + 1 - k->R);
+        if ((t + 1) % k->R == 0) flush_keys_fast(s, t + 1 - k->R);
     } else if (t >= k->R) {
-        quant_value(s, t - k->R);
+        quant_value_fast(s, t - k->R);
     }
 }
 
@@ -470,6 +488,123 @@ AVX2 static inline void unpack16(const uint8_t *p, const __m256i sh[2], __m256 l
     const __m256i v = _mm256_set1_epi32((int)w);
     cf[0] = _mm256_permutevar8x32_ps(lut, _mm256_srlv_epi32(v, sh[0]));
     cf[1] = _mm256_permutevar8x32_ps(lut, _mm256_srlv_epi32(v, sh[1]));
+}
+
+/* ---- quantizers -------------------------------------------------------------
+ * quant_group for 8 groups at once, one per lane. A key block's groups are
+ * channels c..c+7 over its G tokens, so each lane takes its min and max in
+ * the loop's order with the loop's tests (vminps v, m is v < m ? v : m),
+ * giving its values for any input. A value token's groups are G
+ * consecutive channels, 8 lanes a step, whose lane-wise min and max differ
+ * from the loop's only in which zero a tie of -0 and +0 keeps: a group
+ * whose min or max is 0 goes to plain C. So does any group with a NaN in
+ * its fp16 fields, where F16C keeps a payload that f32_to_f16 drops. */
+
+/* Codes of 8 values x with fp16 scales sc and zeros z: quant_group's
+ * second loop, test for test (vmaxps u, 0 is u > 0 ? u : 0). */
+AVX2 static inline __m256i codes8(__m256 x, __m256 sc, __m256 z, __m256 top) {
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 u = _mm256_and_ps(_mm256_cmp_ps(sc, zero, _CMP_GT_OQ), _mm256_div_ps(_mm256_sub_ps(x, z), sc));
+    u = _mm256_min_ps(_mm256_max_ps(u, zero), top);
+    return _mm256_cvttps_epi32(_mm256_add_ps(u, _mm256_set1_ps(0.5f)));
+}
+
+/* The codes of channels c..c+7 (c % 8 == 0, lane j = channel c + j) into
+ * their b bytes of row: each lane shifted to bit j·b, the lanes or-ed. */
+AVX2 static inline void put8(uint8_t *row, int c, int b, __m256i q) {
+    const __m256i v = _mm256_sllv_epi32(q, shifts(b));
+    __m128i x = _mm_or_si128(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_or_si128(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_or_si128(x, _mm_shuffle_epi32(x, 0xB1));
+    const uint32_t w = (uint32_t)_mm_cvtsi128_si32(x);
+    memcpy(row + c * b / 8, &w, (size_t)b);
+}
+
+/* flush_keys (d % 8 == 0): per block, channels 8 at a time. */
+AVX2 static void flush_keys_avx2(KVStream *s, int t0) {
+    const Kivi *k = s->aux;
+    const int d = s->d, G = k->G, b = k->b;
+    const __m256 top = _mm256_set1_ps((float)((1 << b) - 1));
+    const float *x[KV_MAX_DIM]; /* the block's tokens in the ring */
+    for (int tb = t0; tb < t0 + k->R; tb += G) {
+        uint8_t *blk = s->data + (size_t)(tb / G) * k->unit, *rows = blk + 4 * (size_t)d;
+        memset(rows, 0, (size_t)G * k->row);
+        for (int i = 0; i < G; i++) x[i] = slot(s, tb + i);
+        for (int c = 0; c < d; c += 8) {
+            __m256 mn = _mm256_loadu_ps(x[0] + c), mx = mn;
+            for (int i = 1; i < G; i++) {
+                const __m256 v = _mm256_loadu_ps(x[i] + c);
+                mn = _mm256_min_ps(v, mn);
+                mx = _mm256_max_ps(v, mx);
+            }
+            const __m256 range = _mm256_div_ps(_mm256_sub_ps(mx, mn), top);
+            if (_mm256_movemask_ps(_mm256_cmp_ps(range, mn, _CMP_UNORD_Q))) {
+                for (int j = c; j < c + 8; j++) key_channel(s, blk, tb, j);
+                continue;
+            }
+            const __m128i sh = _mm256_cvtps_ph(range, _MM_FROUND_TO_NEAREST_INT),
+                          zh = _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT);
+            _mm_storeu_si128((__m128i *)(blk + 2 * (size_t)c), sh);
+            _mm_storeu_si128((__m128i *)(blk + 2 * (size_t)(d + c)), zh);
+            const __m256 sc = _mm256_cvtph_ps(sh), z = _mm256_cvtph_ps(zh);
+            for (int i = 0; i < G; i++)
+                put8(rows + (size_t)i * k->row, c, b, codes8(_mm256_loadu_ps(x[i] + c), sc, z, top));
+        }
+    }
+}
+
+AVX2 static inline float hmin(__m256 v) {
+    __m128 x = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_min_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_min_ss(x, _mm_movehdup_ps(x)));
+}
+
+AVX2 static inline float hmax(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+
+/* quant_value (G % 8 == 0): per group, min and max 8 lanes a step. */
+AVX2 static void quant_value_avx2(KVStream *s, int t) {
+    const Kivi *k = s->aux;
+    const int G = k->G, ng = s->d / G, b = k->b;
+    const float topf = (float)((1 << b) - 1);
+    const __m256 top = _mm256_set1_ps(topf);
+    uint8_t *u = s->data + (size_t)t * k->unit, *row = u + 4 * (size_t)ng;
+    const float *x = slot(s, t);
+    memset(row, 0, k->row);
+    for (int g = 0; g < ng; g++) {
+        const float *v = x + (size_t)g * G;
+        __m256 mn = _mm256_loadu_ps(v), mx = mn, nan = _mm256_cmp_ps(mn, mn, _CMP_UNORD_Q);
+        for (int c = 8; c < G; c += 8) {
+            const __m256 w = _mm256_loadu_ps(v + c);
+            mn = _mm256_min_ps(w, mn);
+            mx = _mm256_max_ps(w, mx);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(w, w, _CMP_UNORD_Q));
+        }
+        const float lo = hmin(mn), hi = hmax(mx);
+        if (_mm256_movemask_ps(nan) || lo == 0 || hi == 0) {
+            value_group(s, u, x, g);
+            continue;
+        }
+        const uint16_t sh = f32_to_f16((hi - lo) / topf), zh = f32_to_f16(lo);
+        memcpy(u + 2 * (size_t)g, &sh, 2);
+        memcpy(u + 2 * (size_t)(ng + g), &zh, 2);
+        const __m256 sc = _mm256_set1_ps(f16_to_f32(sh)), z = _mm256_set1_ps(f16_to_f32(zh));
+        for (int c = 0; c < G; c += 8) put8(row, g * G + c, b, codes8(_mm256_loadu_ps(v + c), sc, z, top));
+    }
+}
+
+static void flush_keys_fast(KVStream *s, int t0) {
+    if (kernels_level() > 0 && s->d % 8 == 0) flush_keys_avx2(s, t0);
+    else flush_keys(s, t0);
+}
+
+static void quant_value_fast(KVStream *s, int t) {
+    const Kivi *k = s->aux;
+    if (kernels_level() > 0 && k->G % 8 == 0) quant_value_avx2(s, t);
+    else quant_value(s, t);
 }
 
 /* ld16 through F16C. */
@@ -1108,6 +1243,103 @@ static inline void shifts_n(int b, int32x4_t sh[2]) {
     sh[1] = vld1q_s32(s + 4);
 }
 
+/* ---- quantizers: the AVX2 ones (above) in 4 lanes, d % 4 == 0, G % 4 == 0.
+ * vminq_f32 orders -0 below +0, unlike the loop's test, so keys take the
+ * test itself (vbsl on vclt); values stay on vminq / vmaxq, whose only
+ * difference from the loop, a tie of zeros, sends the group to plain C. */
+static inline float32x4_t min4(float32x4_t v, float32x4_t m) { return vbslq_f32(vcltq_f32(v, m), v, m); }
+static inline float32x4_t max4(float32x4_t v, float32x4_t m) { return vbslq_f32(vcgtq_f32(v, m), v, m); }
+
+/* quant_group's second loop for 4 values. */
+static inline uint32x4_t codes4(float32x4_t x, float32x4_t sc, float32x4_t z, float32x4_t top) {
+    const float32x4_t zero = vdupq_n_f32(0);
+    float32x4_t u = vdivq_f32(vsubq_f32(x, z), sc);
+    u = vreinterpretq_f32_u32(vandq_u32(vcgtq_f32(sc, zero), vreinterpretq_u32_f32(u)));
+    u = max4(u, zero);
+    u = min4(u, top);
+    return vcvtq_u32_f32(vaddq_f32(u, vdupq_n_f32(0.5f)));
+}
+
+/* The codes of channels c..c+3 (c % 4 == 0) into their b / 2 bytes of row:
+ * lane j shifted to bit j·b, the lanes summed (their bits are disjoint). */
+static inline void put4(uint8_t *row, int c, int b, uint32x4_t q) {
+    const int32_t sh[4] = {0, b, 2 * b, 3 * b};
+    const uint32_t w = vaddvq_u32(vshlq_u32(q, vld1q_s32(sh)));
+    memcpy(row + c * b / 8, &w, (size_t)b / 2);
+}
+
+static void flush_keys_neon(KVStream *s, int t0) {
+    const Kivi *k = s->aux;
+    const int d = s->d, G = k->G, b = k->b;
+    const float32x4_t top = vdupq_n_f32((float)((1 << b) - 1));
+    const float *x[KV_MAX_DIM]; /* the block's tokens in the ring */
+    for (int tb = t0; tb < t0 + k->R; tb += G) {
+        uint8_t *blk = s->data + (size_t)(tb / G) * k->unit, *rows = blk + 4 * (size_t)d;
+        memset(rows, 0, (size_t)G * k->row);
+        for (int i = 0; i < G; i++) x[i] = slot(s, tb + i);
+        for (int c = 0; c < d; c += 4) {
+            float32x4_t mn = vld1q_f32(x[0] + c), mx = mn;
+            for (int i = 1; i < G; i++) {
+                const float32x4_t v = vld1q_f32(x[i] + c);
+                mn = min4(v, mn);
+                mx = max4(v, mx);
+            }
+            const float32x4_t range = vdivq_f32(vsubq_f32(mx, mn), top);
+            if (vminvq_u32(vandq_u32(vceqq_f32(range, range), vceqq_f32(mn, mn))) == 0) {
+                for (int j = c; j < c + 4; j++) key_channel(s, blk, tb, j);
+                continue;
+            }
+            const float16x4_t sh = vcvt_f16_f32(range), zh = vcvt_f16_f32(mn);
+            vst1_u16((uint16_t *)(void *)(blk + 2 * (size_t)c), vreinterpret_u16_f16(sh));
+            vst1_u16((uint16_t *)(void *)(blk + 2 * (size_t)(d + c)), vreinterpret_u16_f16(zh));
+            const float32x4_t sc = vcvt_f32_f16(sh), z = vcvt_f32_f16(zh);
+            for (int i = 0; i < G; i++) put4(rows + (size_t)i * k->row, c, b, codes4(vld1q_f32(x[i] + c), sc, z, top));
+        }
+    }
+}
+
+static void quant_value_neon(KVStream *s, int t) {
+    const Kivi *k = s->aux;
+    const int G = k->G, ng = s->d / G, b = k->b;
+    const float topf = (float)((1 << b) - 1);
+    const float32x4_t top = vdupq_n_f32(topf);
+    uint8_t *u = s->data + (size_t)t * k->unit, *row = u + 4 * (size_t)ng;
+    const float *x = slot(s, t);
+    memset(row, 0, k->row);
+    for (int g = 0; g < ng; g++) {
+        const float *v = x + (size_t)g * G;
+        float32x4_t mn = vld1q_f32(v), mx = mn;
+        uint32x4_t ok = vceqq_f32(mn, mn);
+        for (int c = 4; c < G; c += 4) {
+            const float32x4_t w = vld1q_f32(v + c);
+            mn = vminq_f32(w, mn);
+            mx = vmaxq_f32(w, mx);
+            ok = vandq_u32(ok, vceqq_f32(w, w));
+        }
+        const float lo = vminvq_f32(mn), hi = vmaxvq_f32(mx);
+        if (vminvq_u32(ok) == 0 || lo == 0 || hi == 0) {
+            value_group(s, u, x, g);
+            continue;
+        }
+        const uint16_t sh = f32_to_f16((hi - lo) / topf), zh = f32_to_f16(lo);
+        memcpy(u + 2 * (size_t)g, &sh, 2);
+        memcpy(u + 2 * (size_t)(ng + g), &zh, 2);
+        const float32x4_t sc = vdupq_n_f32(f16_to_f32(sh)), z = vdupq_n_f32(f16_to_f32(zh));
+        for (int c = 0; c < G; c += 4) put4(row, g * G + c, b, codes4(vld1q_f32(v + c), sc, z, top));
+    }
+}
+
+static void flush_keys_fast(KVStream *s, int t0) {
+    if (kernels_level() > 0 && s->d % 4 == 0) flush_keys_neon(s, t0);
+    else flush_keys(s, t0);
+}
+
+static void quant_value_fast(KVStream *s, int t) {
+    const Kivi *k = s->aux;
+    if (kernels_level() > 0 && k->G % 4 == 0) quant_value_neon(s, t);
+    else quant_value(s, t);
+}
+
 /* prep_block with the scales and zeros widened 4 at a time. */
 static void prep_block_neon(const KVStream *s, const uint8_t *blk, const float *q, int nh, float (*qs)[KV_MAX_DIM],
                             float *bias) {
@@ -1210,6 +1442,9 @@ static void kivi_accum(const KVStream *s, const float *p, int ldp, int nq, int t
 }
 #else
 /* Other CPUs: the same, in plain C. */
+static void flush_keys_fast(KVStream *s, int t0) { flush_keys(s, t0); }
+static void quant_value_fast(KVStream *s, int t) { quant_value(s, t); }
+
 static void kivi_score(const KVStream *s, const float *q, int nq, int t0, int t1, float *out, int ldo) {
     if (s->role != 0) kv_score_ref(s, q, nq, t0, t1, out, ldo);
     else score_keys_c(s, q, nq, t0, t1, out, ldo);

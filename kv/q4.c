@@ -104,10 +104,12 @@ static inline float block_scale(BlockQ4 *b, const float *x, float amax) {
 /* quantize_block in 8 lanes (AVX2) or 4 (NEON; below): the same bytes. */
 static void quantize_block_fast(BlockQ4 *b, const float *x);
 
-static void q4_append(KVStream *s, const float *x) {
-    BlockQ4 *b = (BlockQ4 *)(s->data + (size_t)s->len * row_bytes(s));
-    for (int k = 0; k < s->d / QK; k++) quantize_block_fast(b + k, x + k * QK);
+void q4_quantize_row(const float *x, int d, uint8_t *row) {
+    BlockQ4 *b = (BlockQ4 *)row;
+    for (int k = 0; k < d / QK; k++) quantize_block_fast(b + k, x + k * QK);
 }
+
+static void q4_append(KVStream *s, const float *x) { q4_quantize_row(x, s->d, s->data + (size_t)s->len * row_bytes(s)); }
 
 /* Rows are independent, so dropping positions is only bookkeeping. */
 static void q4_truncate(KVStream *s, int n) { (void)s; (void)n; }

@@ -452,6 +452,78 @@ Test(kv_quant, kivi_factored_matches_reference) {
     }
 }
 
+/* The stored bytes of a KIVI stream of d = 64 holding L positions (the
+ * quantized units: K blocks of G tokens, V tokens), from the layout in
+ * kv/kivi.c's header. */
+static size_t kivi_data_bytes(int d, int b, int G, int L, int role) {
+    const size_t row = (size_t)d * b / 8;
+    return role == 0 ? (size_t)(L / G) * (4 * (size_t)d + (size_t)G * row) : (size_t)L * (4 * (size_t)d / G + row);
+}
+
+/* KIVI's and q4h's quantizers, byte for byte, on every level the CPU has
+ * against plain C's. Beside Gaussian data, groups the SIMD quantizers must
+ * treat as the loop does: NaNs first and later in a group (a NaN zero or
+ * scale: F16C's payload differs from f32_to_f16's), infinities of both
+ * signs in one group (range NaN), magnitudes past fp16 (a zero of -inf,
+ * so (x - z) / s is NaN), subnormals and constant groups (s = 0), and
+ * non-negative groups holding both -0 and +0 (the min is a tie of zeros,
+ * which lane-wise mins can break the other way). Every fourth channel or
+ * token group takes one such case, so K's per-channel groups and V's
+ * per-token groups both meet them. */
+Test(kv_quant, quantizer_bytes_same_on_every_isa) {
+    enum { D = 64, L = 160 };
+    const char *specs[] = {"kivi2:g8:r32", "kivi4:g16:r32", "kivi2:g4:r8", "kivi4", "q4h"};
+    float special[] = {NAN, -NAN, INFINITY, -INFINITY, 1e5f, -7e4f, 1e-40f, -3e-39f, 0};
+    const uint32_t payload = 0x7fa01234u; /* a signalling NaN with a payload */
+    memcpy(&special[8], &payload, 4);
+    static float x[L][D];
+    for (int t = 0; t < L; t++)
+        for (int c = 0; c < D; c++) x[t][c] = (float)grand();
+    for (int t = 0; t < L; t++)
+        for (int c = 0; c < D; c++) {
+            /* K groups: channel c over tokens; V groups: channels of token t */
+            const int kcase = c % 4 == 1 ? (c / 4 + t / 8) % 13 : -1, vcase = t % 4 == 2 ? (t / 4 + c / 8) % 13 : -1;
+            for (int r = 0; r < 2; r++) {
+                const int cs = r ? vcase : kcase, pos = r ? c % 8 : t % 8;
+                if (cs < 0) continue;
+                if (cs < 9 && pos == (cs * 3) % 8) x[t][c] = special[cs];
+                else if (cs == 9) x[t][c] = 0.375f;                           /* constant */
+                else if (cs == 10) x[t][c] = (float)grand() * 1e-6f;          /* range below fp16's */
+                else if (cs >= 11) /* -0 before +0, then +0 before -0 */
+                    x[t][c] = pos == 1 || pos == 5 ? ((pos == 1) == (cs == 11) ? -0.0f : 0.0f) : fabsf((float)grand());
+            }
+        }
+    const char *isa = kernels_isa();
+    for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++)
+        for (int role = 0; role < 2; role++) {
+            uint8_t *want = NULL;
+            size_t n = 0;
+            for (int k = 0; k < N_ISAS; k++) {
+                if (kernels_set_isa(all_isas[k])) continue;
+                KVStream s;
+                open_spec(&s, specs[si], D, L, role);
+                for (int t = 0; t < L; t++) kv_stream_append(&s, x[t]);
+                if (!want) {
+                    KVSpec sp;
+                    char err[256];
+                    cr_assert_eq(kv_spec_parse(specs[si], &sp, err, sizeof err), 0);
+                    const int b = specs[si][4] == '2' ? 2 : 4, G = sp.ko.group ? sp.ko.group : 32;
+                    n = strcmp(specs[si], "q4h") ? kivi_data_bytes(D, b, G, L, role) : (size_t)L * D / 32 * 18;
+                    want = malloc(n);
+                    memcpy(want, s.data, n);
+                } else {
+                    size_t at = 0;
+                    while (at < n && s.data[at] == want[at]) at++;
+                    cr_expect_eq(at, n, "%s role %d on %s: byte %zu of %zu differs from plain C's", specs[si], role,
+                                 all_isas[k], at, n);
+                }
+                kv_stream_free(&s);
+            }
+            free(want);
+        }
+    cr_assert_eq(kernels_set_isa(isa), 0);
+}
+
 Test(kv_quant, block_fast_paths_match_reference) {
     const char *specs[] = {"q8", "q4"};
     for (size_t i = 0; i < 2; i++) {
