@@ -1634,18 +1634,36 @@ static void quarter_neon_t(float *y, const float *x, const Weight *w, int q0, in
 #undef QT
 }
 
-/* DT_BF16P: threads take panels; up to 2 tokens a panel's four quarters go
- * side by side, past that two quarters at a time for each QUARTER_T-token
- * tile (the panel in cache after the first). */
-static void panels_neon(float *y, const float *x, const Weight *w, int n) {
+/* Panel p of w, all tokens: up to 2 tokens its four quarters side by
+ * side, past that two quarters at a time for each QUARTER_T-token tile
+ * (the panel in cache after the first). */
+static void panel_neon(float *y, const float *x, const Weight *w, int p, int n) {
+    if (n <= 2) {
+        quarter_neon_t(y, x, w, 4 * p, 4, 0, n);
+        return;
+    }
+    for (int i = 0; i < n; i += QUARTER_T)
+        for (int q = 0; q < 4; q += 2) quarter_neon_t(y, x, w, 4 * p + q, 2, i, n - i < QUARTER_T ? n - i : QUARTER_T);
+}
+
+/* Which of count matrices unit g of a joint loop falls in, from first[k],
+ * the first unit of matrix k (first[count] = all units): the loop over
+ * every matrix's panels or tiles that matmul_multi gives one team. */
+static int unit_owner(const int *first, int count, int g) {
+    int k = 0;
+    while (k + 1 < count && g >= first[k + 1]) k++;
+    return k;
+}
+
+/* DT_BF16P, count matrices: threads take panels of all of them in one
+ * team (q, k, v; gate, up). */
+static void panels_neon(float *const *y, const Weight *const *w, int count, const float *x, int n) {
+    int first[MATMUL_MAX_MULTI + 1] = {0};
+    for (int k = 0; k < count; k++) first[k + 1] = first[k] + w[k]->rows / 32;
 #pragma omp parallel for schedule(static)
-    for (int p = 0; p < w->rows / 32; p++) {
-        if (n <= 2) {
-            quarter_neon_t(y, x, w, 4 * p, 4, 0, n);
-            continue;
-        }
-        for (int i = 0; i < n; i += QUARTER_T)
-            for (int q = 0; q < 4; q += 2) quarter_neon_t(y, x, w, 4 * p + q, 2, i, n - i < QUARTER_T ? n - i : QUARTER_T);
+    for (int g = 0; g < first[count]; g++) {
+        const int k = unit_owner(first, count, g);
+        panel_neon(y[k], x, w[k], g - first[k], n);
     }
 }
 
@@ -1735,28 +1753,33 @@ static __attribute__((target("arch=armv8.2-a+bf16"))) void dpanel_neon_t(float *
 #undef DP
 }
 
-/* DT_BF16D: x rounded to bf16 (f32_to_bf16, which flushes its subnormals
- * as vcvtne2ps2bf16 does), then threads take groups of 4 panels (64 rows),
- * each group all tokens in tiles of up to DPANEL_NT. -1: no buffer. */
-static int dpanels_neon(float *y, const float *x, const Weight *w, int n) {
-    const int pairs = w->cols / 2, np = w->rows / 16;
+/* DT_BF16D, count matrices of the same cols: x rounded to bf16 once
+ * (f32_to_bf16, which flushes its subnormals as vcvtne2ps2bf16 does), then
+ * threads take groups of 4 panels (64 rows) of all of them, each group all
+ * tokens in tiles of up to DPANEL_NT. -1: no buffer. */
+static int dpanels_neon(float *const *y, const Weight *const *w, int count, const float *x, int n) {
+    const int pairs = w[0]->cols / 2;
     uint32_t *xh = (uint32_t *)buf_get(&xq_buf, (size_t)n * pairs);
     if (!xh) return -1;
+    int first[MATMUL_MAX_MULTI + 1] = {0};
+    for (int k = 0; k < count; k++) first[k + 1] = first[k] + (w[k]->rows / 16 + 3) / 4;
 #pragma omp parallel
     {
         const uint64_t fp = flush_on();
 #pragma omp for schedule(static)
         for (int i = 0; i < n; i++)
             for (int m = 0; m < pairs; m++) {
-                const float *xi = x + (size_t)i * w->cols + 2 * m;
+                const float *xi = x + (size_t)i * w[0]->cols + 2 * m;
                 xh[(size_t)i * pairs + m] = f32_to_bf16(xi[0]) | (uint32_t)f32_to_bf16(xi[1]) << 16;
             }
 #pragma omp for schedule(static)
-        for (int g = 0; g < (np + 3) / 4; g++) {
-            const int p0 = 4 * g, pn = np - p0 < 4 ? np - p0 : 4;
+        for (int g = 0; g < first[count]; g++) {
+            const int k = unit_owner(first, count, g), np = w[k]->rows / 16, p0 = 4 * (g - first[k]);
+            const int pn = np - p0 < 4 ? np - p0 : 4;
             for (int i = 0; i < n; i += DPANEL_NT) {
                 const int T = n - i < DPANEL_NT ? n - i : DPANEL_NT, step = T == 1 ? 4 : T <= 3 ? 2 : 1;
-                for (int p = 0; p < pn; p += step) dpanel_neon_t(y, xh, w, p0 + p, pn - p < step ? pn - p : step, i, T);
+                for (int p = 0; p < pn; p += step)
+                    dpanel_neon_t(y[k], xh, w[k], p0 + p, pn - p < step ? pn - p : step, i, T);
             }
         }
         flush_off(fp);
@@ -1812,37 +1835,53 @@ I8MM void q8i_tile_neon(float *y, const int8_t *qx, const float *dx, const int32
         for (int q = 0; q < 4; q++) vst1q_f32(y + (size_t)(i + t) * w->rows + o + 4 * q, acc[t][q]);
 }
 
-/* DT_Q8I: x quantized once (quantize32_ref, the reference's rounding),
- * then threads take 16-row tiles, each all tokens two at a time. -1: no
- * buffer. */
-static __attribute__((target("arch=armv8.2-a+i8mm"))) int q8i_neon(float *y, const float *x, const Weight *w, int n) {
-    const int in = w->cols, nb = in / 32;
+/* DT_Q8I, count matrices of the same cols: x quantized once
+ * (quantize32_ref, the reference's rounding), then threads take 16-row
+ * tiles of all of them, each all tokens two at a time. -1: no buffer. */
+static __attribute__((target("arch=armv8.2-a+i8mm"))) int q8i_neon(float *const *y, const Weight *const *w, int count,
+                                                                   const float *x, int n) {
+    const int in = w[0]->cols, nb = in / 32;
     float *buf = buf_get(&xq_buf, xq_floats(n, in));
     if (!buf) return -1;
     int8_t *qx = (int8_t *)buf;
     float *dx = buf + ((size_t)n * in + 15) / 16 * 4;
     int32_t *bias = (int32_t *)(dx + (size_t)n * nb);
     for (size_t b = 0; b < (size_t)n * nb; b++) dx[b] = quantize32_ref(x + b * 32, qx + b * 32, &bias[b]);
+    int first[MATMUL_MAX_MULTI + 1] = {0};
+    for (int k = 0; k < count; k++) first[k + 1] = first[k] + w[k]->rows / 16;
 #pragma omp parallel for schedule(static)
-    for (int o = 0; o < w->rows; o += 16) {
+    for (int g = 0; g < first[count]; g++) {
+        const int k = unit_owner(first, count, g), o = 16 * (g - first[k]);
         int i = 0;
-        for (; i + 2 <= n; i += 2) q8i_tile_neon(y, qx, dx, bias, w, o, i, 2);
-        if (i < n) q8i_tile_neon(y, qx, dx, bias, w, o, i, 1);
+        for (; i + 2 <= n; i += 2) q8i_tile_neon(y[k], qx, dx, bias, w[k], o, i, 2);
+        if (i < n) q8i_tile_neon(y[k], qx, dx, bias, w[k], o, i, 1);
     }
     return 0;
 }
 
-/* One matrix after the other; DT_BF16D without BF16 and DT_Q8I without
- * I8MM (or without a buffer for x) take the reference. */
+/* Matrices of one fast dtype in one team, their x prepared once (q, k, v;
+ * gate, up); else one matrix after the other. DT_BF16D without BF16 and
+ * DT_Q8I without I8MM (or without a buffer for x) take the reference. */
 void matmul_multi(float *const *y, const Weight *const *w, int count, const float *x, int n) {
+    int same = count > 0 && count <= MATMUL_MAX_MULTI;
+    for (int k = 1; k < count; k++) same &= w[k]->dtype == w[0]->dtype;
+    if (same && count > 1) {
+        const DType dt = w[0]->dtype;
+        if (dt == DT_BF16P && isa() >= ISA_NEON) {
+            panels_neon(y, w, count, x, n);
+            return;
+        }
+        if (dt == DT_BF16D && matmul_has_dpanels() && !dpanels_neon(y, w, count, x, n)) return;
+        if (dt == DT_Q8I && matmul_has_q8i() && !q8i_neon(y, w, count, x, n)) return;
+    }
     for (int k = 0; k < count; k++) {
         const DType dt = w[k]->dtype;
         if (dt == DT_BF16D) {
-            if (!matmul_has_dpanels() || dpanels_neon(y[k], x, w[k], n)) matmul_ref(y[k], x, w[k], n);
+            if (!matmul_has_dpanels() || dpanels_neon(&y[k], &w[k], 1, x, n)) matmul_ref(y[k], x, w[k], n);
         } else if (dt == DT_Q8I) {
-            if (!matmul_has_q8i() || q8i_neon(y[k], x, w[k], n)) matmul_ref(y[k], x, w[k], n);
+            if (!matmul_has_q8i() || q8i_neon(&y[k], &w[k], 1, x, n)) matmul_ref(y[k], x, w[k], n);
         } else if (isa() < ISA_NEON) matmul_ref(y[k], x, w[k], n);
-        else if (dt == DT_BF16P) panels_neon(y[k], x, w[k], n);
+        else if (dt == DT_BF16P) panels_neon(&y[k], &w[k], 1, x, n);
         else if (dt == DT_F32) matmul_neon_dt(y[k], x, w[k], n, DT_F32);
         else if (dt == DT_F16) matmul_neon_dt(y[k], x, w[k], n, DT_F16);
         else if (dt == DT_Q8) matmul_neon_dt(y[k], x, w[k], n, DT_Q8);

@@ -349,7 +349,7 @@ static void check_panels(int (*to)(Weight *), DType dt, const int (*shapes)[2], 
         }
         free(rb), free(rp);
         float *x = malloc(sizeof(float) * NMAX * in), *ref = malloc(sizeof(float) * NMAX * out),
-              *got = malloc(sizeof(float) * NMAX * out);
+              *got = malloc(sizeof(float) * NMAX * out), *got2 = malloc(sizeof(float) * NMAX * out);
         for (int i = 0; i < NMAX * in; i++) x[i] = frand();
         for (size_t k = 0; k < NISA; k++) {
             if (kernels_set_isa(isas[k])) continue;
@@ -366,6 +366,14 @@ static void check_panels(int (*to)(Weight *), DType dt, const int (*shapes)[2], 
                     cr_expect(memcmp(got, ref, sizeof(float) * n * out) == 0,
                               "%s (dtype %d, vdpbf16ps %s) %dx%d, %d tokens, %d threads: not the reference's bits",
                               isas[k], (int)dt, matmul_has_dpanels() ? "on" : "off", out, in, n, t);
+                    /* the same matrix twice in one team: each output as alone */
+                    const Weight *pair[2] = {&p, &p};
+                    float *ys[2] = {got, got2};
+                    for (int i = 0; i < n * out; i++) got[i] = got2[i] = NAN;
+                    matmul_multi(ys, pair, 2, x, n);
+                    cr_expect(!memcmp(got, ref, sizeof(float) * n * out) && !memcmp(got2, ref, sizeof(float) * n * out),
+                              "%s (dtype %d) %dx%d, %d tokens, %d threads: matmul_multi not the reference's bits",
+                              isas[k], (int)dt, out, in, n, t);
                 }
             }
         }
@@ -374,7 +382,7 @@ static void check_panels(int (*to)(Weight *), DType dt, const int (*shapes)[2], 
         matmul_ref(got, x, &b, 40);
         for (int i = 0; i < 40 * out; i++)
             cr_expect(fabsf(got[i] - ref[i]) <= tol * sqrtf((float)in), "%dx%d at %d: %g vs %g", out, in, i, ref[i], got[i]);
-        free(x), free(ref), free(got), free(mem), free(memp);
+        free(x), free(ref), free(got), free(got2), free(mem), free(memp);
     }
 }
 
