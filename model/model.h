@@ -151,12 +151,12 @@ int model_sample(Model *m, Sampler *s, int *token, char *err, size_t errlen);
  * opened on the GPU must be freed first). */
 void model_drop_gpu(Model *m);
 
+/* The bytes a cache of ctx positions in spec takes (the schemes' bits per
+ * value): the full-attention layers' K and V, which grow with the
+ * context, and a hybrid's recurrent state, which does not. */
+double model_cache_bytes(const Model *m, const KVSpec *spec, int ctx);
 /* Opens a KV cache shaped for this model: its full-attention layers (1 for
  * MTP), and for a hybrid model the Gated DeltaNet state beside them. */
-/* The bytes such a cache of ctx positions in spec takes (the schemes'
- * bits per value): the full-attention layers' K and V, which grow with
- * the context, and a hybrid's recurrent state, which does not. */
-double model_cache_bytes(const Model *m, const KVSpec *spec, int ctx);
 int model_kv_init(const Model *m, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen);
 /* -m kvstats' probe, on the CPU or the GPU: from the next model_forward on,
  * each cache layer's roped queries of a forward's tokens go to host
