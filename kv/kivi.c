@@ -157,7 +157,8 @@ static void put_code(uint8_t *row, int c, int b, int q) { row[c * b / 8] |= (uin
  * computed with the fp16 values that dequantization will use. The loops'
  * tests are written as the SIMD quantizers' min, max and clamp
  * instructions compare (x86's vminps a, b is a < b ? a : b), so that those
- * give these bytes for any input: a NaN code (a range past fp16's) is 0. */
+ * give these bytes for any input: a code whose (x - z) / s is NaN (an
+ * infinity over an infinite scale) is 0. */
 static void quant_group(const float *v, int n, int b, uint16_t *sh, uint16_t *zh, uint8_t *q) {
     const float top = (float)((1 << b) - 1);
     float mn = v[0], mx = v[0];
@@ -494,11 +495,14 @@ AVX2 static inline void unpack16(const uint8_t *p, const __m256i sh[2], __m256 l
  * quant_group for 8 groups at once, one per lane. A key block's groups are
  * channels c..c+7 over its G tokens, so each lane takes its min and max in
  * the loop's order with the loop's tests (vminps v, m is v < m ? v : m),
- * giving its values for any input. A value token's groups are G
- * consecutive channels, 8 lanes a step, whose lane-wise min and max differ
- * from the loop's only in which zero a tie of -0 and +0 keeps: a group
- * whose min or max is 0 goes to plain C. So does any group with a NaN in
- * its fp16 fields, where F16C keeps a payload that f32_to_f16 drops. */
+ * giving its values for any input; a lane whose min or range is NaN goes
+ * to plain C, as F16C keeps a NaN's payload that f32_to_f16 drops. A value
+ * token's groups are G consecutive channels, 8 lanes a step, met in
+ * another order than the loop's, which matters for two things only: a NaN
+ * (the loop skips it unless it comes first) and which zero a tie of -0
+ * and +0 keeps as the min; a group holding a NaN or whose min is 0 goes to
+ * plain C. (A tie of zeros as the max changes nothing: the max enters
+ * only through max - min, the same for either zero when min is not 0.) */
 
 /* Codes of 8 values x with fp16 scales sc and zeros z: quant_group's
  * second loop, test for test (vmaxps u, 0 is u > 0 ? u : 0). */
@@ -584,7 +588,7 @@ AVX2 static void quant_value_avx2(KVStream *s, int t) {
             nan = _mm256_or_ps(nan, _mm256_cmp_ps(w, w, _CMP_UNORD_Q));
         }
         const float lo = hmin(mn), hi = hmax(mx);
-        if (_mm256_movemask_ps(nan) || lo == 0 || hi == 0) {
+        if (_mm256_movemask_ps(nan) || lo == 0) {
             value_group(s, u, x, g);
             continue;
         }
@@ -1244,9 +1248,9 @@ static inline void shifts_n(int b, int32x4_t sh[2]) {
 }
 
 /* ---- quantizers: the AVX2 ones (above) in 4 lanes, d % 4 == 0, G % 4 == 0.
- * vminq_f32 orders -0 below +0, unlike the loop's test, so keys take the
- * test itself (vbsl on vclt); values stay on vminq / vmaxq, whose only
- * difference from the loop, a tie of zeros, sends the group to plain C. */
+ * vminq_f32 orders -0 below +0 and passes NaNs on, unlike the loop's test,
+ * so keys take the test itself (vbsl on vclt); values stay on vminq /
+ * vmaxq, as the groups that could tell (a NaN, a min of 0) go to plain C. */
 static inline float32x4_t min4(float32x4_t v, float32x4_t m) { return vbslq_f32(vcltq_f32(v, m), v, m); }
 static inline float32x4_t max4(float32x4_t v, float32x4_t m) { return vbslq_f32(vcgtq_f32(v, m), v, m); }
 
@@ -1290,8 +1294,9 @@ static void flush_keys_neon(KVStream *s, int t0) {
                 continue;
             }
             const float16x4_t sh = vcvt_f16_f32(range), zh = vcvt_f16_f32(mn);
-            vst1_u16((uint16_t *)(void *)(blk + 2 * (size_t)c), vreinterpret_u16_f16(sh));
-            vst1_u16((uint16_t *)(void *)(blk + 2 * (size_t)(d + c)), vreinterpret_u16_f16(zh));
+            /* bytewise: a block starts at an odd offset when G and a row's bytes are odd */
+            vst1_u8(blk + 2 * (size_t)c, vreinterpret_u8_f16(sh));
+            vst1_u8(blk + 2 * (size_t)(d + c), vreinterpret_u8_f16(zh));
             const float32x4_t sc = vcvt_f32_f16(sh), z = vcvt_f32_f16(zh);
             for (int i = 0; i < G; i++) put4(rows + (size_t)i * k->row, c, b, codes4(vld1q_f32(x[i] + c), sc, z, top));
         }
@@ -1317,7 +1322,7 @@ static void quant_value_neon(KVStream *s, int t) {
             ok = vandq_u32(ok, vceqq_f32(w, w));
         }
         const float lo = vminvq_f32(mn), hi = vmaxvq_f32(mx);
-        if (vminvq_u32(ok) == 0 || lo == 0 || hi == 0) {
+        if (vminvq_u32(ok) == 0 || lo == 0) {
             value_group(s, u, x, g);
             continue;
         }

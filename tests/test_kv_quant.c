@@ -462,37 +462,44 @@ static size_t kivi_data_bytes(int d, int b, int G, int L, int role) {
 
 /* KIVI's and q4h's quantizers, byte for byte, on every level the CPU has
  * against plain C's. Beside Gaussian data, groups the SIMD quantizers must
- * treat as the loop does: NaNs first and later in a group (a NaN zero or
- * scale: F16C's payload differs from f32_to_f16's), infinities of both
- * signs in one group (range NaN), magnitudes past fp16 (a zero of -inf,
- * so (x - z) / s is NaN), subnormals and constant groups (s = 0), and
- * non-negative groups holding both -0 and +0 (the min is a tie of zeros,
- * which lane-wise mins can break the other way). Every fourth channel or
- * token group takes one such case, so K's per-channel groups and V's
- * per-token groups both meet them. */
-Test(kv_quant, quantizer_bytes_same_on_every_isa) {
-    enum { D = 64, L = 160 };
-    const char *specs[] = {"kivi2:g8:r32", "kivi4:g16:r32", "kivi2:g4:r8", "kivi4", "q4h"};
+ * treat as the loop does (kv/kivi.c says why each): NaNs first and later
+ * in a group, one with a payload (F16C keeps it, f32_to_f16 does not); a
+ * lone infinity (an infinite scale, so the infinity's (x - z) / s is NaN);
+ * a group of +inf alone (range inf - inf, NaN); magnitudes past fp16 (a
+ * zero of -inf); subnormals, constant groups and ranges below fp16's (s =
+ * 0); non-negative groups with -0 and +0 side by side, in both orders (a
+ * tie of zeros as the min). The K stream gets them in every fourth
+ * channel (its groups run over tokens), the V stream in every fourth
+ * token (its groups run over channels), each from its own data. */
+enum { QB_D = 64, QB_L = 160, QB_CASES = 16 };
+
+/* Case cs at position pos (0..7) of a group's run of 8 values, else g. */
+static float quant_case(int cs, int pos, float g) {
     float special[] = {NAN, -NAN, INFINITY, -INFINITY, 1e5f, -7e4f, 1e-40f, -3e-39f, 0};
     const uint32_t payload = 0x7fa01234u; /* a signalling NaN with a payload */
     memcpy(&special[8], &payload, 4);
-    static float x[L][D];
-    for (int t = 0; t < L; t++)
-        for (int c = 0; c < D; c++) x[t][c] = (float)grand();
-    for (int t = 0; t < L; t++)
-        for (int c = 0; c < D; c++) {
-            /* K groups: channel c over tokens; V groups: channels of token t */
-            const int kcase = c % 4 == 1 ? (c / 4 + t / 8) % 13 : -1, vcase = t % 4 == 2 ? (t / 4 + c / 8) % 13 : -1;
-            for (int r = 0; r < 2; r++) {
-                const int cs = r ? vcase : kcase, pos = r ? c % 8 : t % 8;
-                if (cs < 0) continue;
-                if (cs < 9 && pos == (cs * 3) % 8) x[t][c] = special[cs];
-                else if (cs == 9) x[t][c] = 0.375f;                           /* constant */
-                else if (cs == 10) x[t][c] = (float)grand() * 1e-6f;          /* range below fp16's */
-                else if (cs >= 11) /* -0 before +0, then +0 before -0 */
-                    x[t][c] = pos == 1 || pos == 5 ? ((pos == 1) == (cs == 11) ? -0.0f : 0.0f) : fabsf((float)grand());
+    if (cs < 9) return pos == (cs * 3) % 8 ? special[cs] : g;
+    if (cs == 9) return 0.375f;  /* constant */
+    if (cs == 10) return g * 1e-6f; /* range below fp16's */
+    if (cs == 15) return INFINITY;
+    /* 11, 13: -0 then +0; 12, 14: +0 then -0; at positions 1 and 5, which
+     * a lane-wise min meets in other orders than the loop, or 1 and 2 (one
+     * group even at G = 4) */
+    const int second = cs < 13 ? 5 : 2;
+    return pos == 1 || pos == second ? ((pos == 1) == (cs % 2 == 1) ? -0.0f : 0.0f) : fabsf(g);
+}
+
+Test(kv_quant, quantizer_bytes_same_on_every_isa) {
+    enum { D = QB_D, L = QB_L };
+    const char *specs[] = {"kivi2:g8:r32", "kivi4:g16:r32", "kivi2:g4:r8", "kivi4", "q4h"};
+    static float x[2][L][D]; /* [role][token][channel] */
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < L; t++)
+            for (int c = 0; c < D; c++) {
+                const float g = (float)grand();
+                if (r == 0) x[0][t][c] = c % 4 == 1 ? quant_case((c / 4 + t / 32) % QB_CASES, t % 8, g) : g;
+                else x[1][t][c] = t % 4 == 2 ? quant_case((t / 4 + c / 8) % QB_CASES, c % 8, g) : g;
             }
-        }
     const char *isa = kernels_isa();
     for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++)
         for (int role = 0; role < 2; role++) {
@@ -502,7 +509,7 @@ Test(kv_quant, quantizer_bytes_same_on_every_isa) {
                 if (kernels_set_isa(all_isas[k])) continue;
                 KVStream s;
                 open_spec(&s, specs[si], D, L, role);
-                for (int t = 0; t < L; t++) kv_stream_append(&s, x[t]);
+                for (int t = 0; t < L; t++) kv_stream_append(&s, x[role][t]);
                 if (!want) {
                     KVSpec sp;
                     char err[256];
