@@ -615,7 +615,9 @@ static int generate(Gen *g, const int *ids, int n_ids, int n) {
     if (used + n_ids > g->kv->cap) {
         fprintf(stderr, "error: prompt of %d tokens does not fit the context of %d", n_ids, g->kv->cap);
         if (used) fprintf(stderr, " (%d already used)", used);
-        fprintf(stderr, "; raise -c\n");
+        /* -c beyond the model's positions is capped to them */
+        if (g->kv->cap < g->m->cfg.max_pos) fprintf(stderr, "; raise -c\n");
+        else fprintf(stderr, ", the model's max_position_embeddings\n");
         return 1;
     }
     int rc = prefill(g, ids, n_ids, err, sizeof err);
@@ -1377,7 +1379,17 @@ static int run_chat(Run *r, Gen *g) {
     const char *user = r->text;
     int rc = 0, refused = 0, fed = 0, tty = isatty(0);
     g->reply = &reply;
-    if (!sys || encode(g->tok, sys, strlen(sys), &c.sys) || encode(g->tok, CHAT_CLOSE, strlen(CHAT_CLOSE), &c.close)) {
+    /* the template's turns are marked by these special tokens: a tokenizer
+     * without them would spell them out in pieces the model never saw */
+    const char *marks[] = {"<|im_start|>", "<|im_end|>"};
+    for (int i = 0; i < 2 && rc == 0; i++)
+        if (tok_find(g->tok, marks[i]) < 0) {
+            fprintf(stderr, "error: chat: %s: expected the special token %s in the tokenizer (the chat template's "
+                    "turns), found none: use -m generate\n", r->src.path, marks[i]);
+            rc = 1;
+        }
+    if (rc == 0 &&
+        (!sys || encode(g->tok, sys, strlen(sys), &c.sys) || encode(g->tok, CHAT_CLOSE, strlen(CHAT_CLOSE), &c.close))) {
         if (!sys) fprintf(stderr, "error: out of memory in the chat\n");
         rc = 1;
     }
@@ -1630,6 +1642,9 @@ static int open_model(Run *r) {
                           sizeof err))
         goto fail;
     r->have_model = 1;
+    if (r->m.layers_stored > r->cfg.n_layers)
+        fprintf(stderr, "warning: %s: the checkpoint holds %d layers, config.json's num_hidden_layers runs the first "
+                "%d\n", r->src.path, r->m.layers_stored, r->cfg.n_layers);
     /* -wq q8 first: the GPU takes the q8 blocks as they are */
     if (r->a.wq_q8) {
         double t0 = now();
@@ -1671,7 +1686,8 @@ static int choose_context(Run *r) {
     }
     r->ctx = ctx;
     if (per_text && r->ids.n > ctx) {
-        fprintf(stderr, "error: prompt of %d tokens does not fit the context of %d (raise -c)\n", r->ids.n, ctx);
+        fprintf(stderr, "error: prompt of %d tokens does not fit the context of %d (%s)\n", r->ids.n, ctx,
+                ctx < r->m.cfg.max_pos ? "raise -c" : "the model's max_position_embeddings");
         return 1;
     }
     if (r->ids.n == 0 && strcmp(mode, "chat") != 0 && strcmp(mode, "serve") != 0) {

@@ -286,8 +286,10 @@ void json_free(Json *j) {
 
 const Json *json_get(const Json *o, const char *key) {
     if (!o || o->type != JSON_OBJECT) return NULL;
+    /* the last of repeated keys, as Python's json (and so transformers'
+     * config loading) and serde's maps take it */
     size_t kl = strlen(key);
-    for (size_t i = 0; i < o->len; i++)
+    for (size_t i = o->len; i-- > 0;)
         if (o->key_lens[i] == kl && memcmp(o->keys[i], key, kl) == 0) return &o->items[i];
     return NULL;
 }

@@ -38,7 +38,8 @@ Json *json_parse(const char *text, size_t n, char *err, size_t errlen);
 Json *json_parse_file(const char *path, size_t max, char *err, size_t errlen);
 void json_free(Json *j);
 
-/* Object member by key, or NULL (also NULL when o is not an object). */
+/* Object member by key, the last one where a key repeats (as Python's json
+ * reads it); NULL when absent or when o is not an object. */
 const Json *json_get(const Json *o, const char *key);
 /* Array element i, or NULL when out of range or not an array. */
 const Json *json_at(const Json *a, size_t i);

@@ -115,7 +115,7 @@ static int read_rope(Config *c, const Json *j, const char *path, char *err, size
         return -1;
     }
     if (th->type != JSON_NUMBER || !(th->number > 1 && th->number <= 1e12)) {
-        snprintf(err, errlen, "%s: field '%srope_theta': expected a number > 1, found %s", path,
+        snprintf(err, errlen, "%s: field '%srope_theta': expected a number in (1, 1e12], found %s", path,
                  field(j, "rope_theta") ? "" : "rope_parameters.", found(th, b, sizeof b));
         return -1;
     }
@@ -241,10 +241,10 @@ static int read_qwen35(Config *c, const Json *t, const char *path, const char *w
                  c->lin_v_heads, c->lin_k_heads);
         return -1;
     }
-    const char *ssm = json_get_str(t, "mamba_ssm_dtype");
-    if (ssm && strcmp(ssm, "float32")) {
-        snprintf(err, errlen, "%s: field '%smamba_ssm_dtype': expected float32 (the state is kept in f32), found %s",
-                 path, w, quote_str(ssm, b, sizeof b));
+    const Json *ssm = field(t, "mamba_ssm_dtype");
+    if (ssm && (ssm->type != JSON_STRING || strcmp(ssm->str, "float32"))) {
+        snprintf(err, errlen, "%s: field '%smamba_ssm_dtype': expected \"float32\" (the state is kept in f32), found %s",
+                 path, w, found(ssm, b, sizeof b));
         return -1;
     }
     /* partial RoPE: rope_parameters', rope_scaling's (older saves) or the
@@ -298,6 +298,23 @@ static int read_arch(Config *c, const Json *j, const Json **t, const char **w, c
     return -1;
 }
 
+/* The MTP head's layer count, under either name checkpoints use
+ * (num_nextn_predict_layers, mtp_num_hidden_layers): 0 or 1, the one
+ * layer model/ runs; both given must agree. */
+static int read_mtp(Config *c, const Json *t, const char *path, const char *w, char *err, size_t errlen) {
+    int a = -1, b = -1;
+    if (get_int(t, path, w, "num_nextn_predict_layers", 0, 1, 0, &a, err, errlen) ||
+        get_int(t, path, w, "mtp_num_hidden_layers", 0, 1, 0, &b, err, errlen))
+        return -1;
+    if (a >= 0 && b >= 0 && a != b) {
+        snprintf(err, errlen, "%s: fields '%snum_nextn_predict_layers' (%d) and '%smtp_num_hidden_layers' (%d): "
+                 "expected the same MTP layer count", path, w, a, w, b);
+        return -1;
+    }
+    c->mtp_layers = b >= 0 ? b : a >= 0 ? a : 0;
+    return 0;
+}
+
 int config_parse(Config *c, const Json *j, const char *path, char *err, size_t errlen) {
     char b[2 * QUOTE_BUF];
     memset(c, 0, sizeof *c);
@@ -347,9 +364,7 @@ int config_parse(Config *c, const Json *j, const char *path, char *err, size_t e
     c->bos_id = -1;
     c->media_ids[0] = c->media_ids[1] = -1;
     if (get_bool(t, path, w, "tie_word_embeddings", &c->tie_embeddings, err, errlen) ||
-        get_int(t, path, w, "num_nextn_predict_layers", 0, 16, 0, &c->mtp_layers, err, errlen) ||
-        get_int(t, path, w, "mtp_num_hidden_layers", 0, 16, 0, &c->mtp_layers, err, errlen) ||
-        get_int(t, path, w, "bos_token_id", 0, 1 << 30, 0, &c->bos_id, err, errlen))
+        get_int(t, path, w, "bos_token_id", 0, 1 << 30, 0, &c->bos_id, err, errlen) || read_mtp(c, t, path, w, err, errlen))
         return -1;
     /* Qwen3.5 may say tie_word_embeddings at the top only; text_config wins */
     if (q35 && t != j && !field(t, "tie_word_embeddings") &&

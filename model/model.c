@@ -24,6 +24,7 @@
 #include "kernels/ops.h"
 #include "kv/kvfile.h"
 
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -331,10 +332,6 @@ static void scratch_free(Scratch *s) {
  * uploads strip them) loads without it: m->mtp_absent says so. */
 static int load_mtp(Model *m, char *err, size_t errlen) {
     int H = m->cfg.hidden, zc = m->cfg.zero_centred;
-    if (m->cfg.mtp_layers != 1) {
-        snprintf(err, errlen, "config.json: expected 0 or 1 MTP layers, found %d", m->cfg.mtp_layers);
-        return -1;
-    }
     int any = 0;
     for (int i = 0; i < m->ts.n_tensors && !any; i++) any = strncmp(m->ts.tensors[i].name, "mtp.", 4) == 0;
     if (!any) {
@@ -479,6 +476,18 @@ int model_load_source(Model *m, const ModelSource *src, int flags, char *err, si
         char prefix[96];
         snprintf(prefix, sizeof prefix, "%slayers.%d.", m->prefix, l);
         if (load_layer(m, &m->layers[l], prefix, c->gdn[l], err, errlen)) goto fail;
+    }
+    /* a checkpoint may hold more layers than config.json runs (a truncated
+     * model): they are not read, as transformers leaves unused weights,
+     * and the CLI says so */
+    const size_t pl = strlen(m->prefix);
+    m->layers_stored = c->n_layers;
+    for (int i = 0; i < m->ts.n_tensors; i++) {
+        const char *nm = m->ts.tensors[i].name;
+        char *end;
+        if (strncmp(nm, m->prefix, pl) || strncmp(nm + pl, "layers.", 7)) continue;
+        const long l = strtol(nm + pl + 7, &end, 10);
+        if (end != nm + pl + 7 && *end == '.' && l >= m->layers_stored && l < INT_MAX) m->layers_stored = (int)l + 1;
     }
     m->state_floats = (size_t)c->n_gdn * ((size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim +
                                           (size_t)(c->conv_k - 1) * conv_dim);

@@ -83,6 +83,7 @@ typedef struct Model {
     /* MTP module, when present */
     int has_mtp;
     int mtp_absent;        /* config.json announces one, the checkpoint has no mtp.* tensors */
+    int layers_stored;     /* layers the checkpoint's tensors number (more than n_layers: the rest unread) */
     Weight mtp_fc;         /* [H, 2H] */
     float *mtp_norm_emb, *mtp_norm_hid, *mtp_norm; /* [H] each */
     Layer mtp_layer;

@@ -47,6 +47,12 @@ int source_open(ModelSource *src, const char *path, char *err, size_t errlen) {
         goto fail;
     }
     if (json_get(src->meta, "config.json")) return 0;
+    /* the metadata of -m pack without its config: a damaged single file,
+     * not a checkpoint whose folder holds the rest */
+    if (json_get(src->meta, "tokenizer.json")) {
+        snprintf(err, errlen, "%s: a single-file model: expected config.json in its metadata, found none", path);
+        goto fail;
+    }
     /* a checkpoint file: its folder holds the rest */
     json_free(src->meta);
     src->meta = NULL;
@@ -132,5 +138,18 @@ int source_generation(const ModelSource *src, Config *c, GenDefaults *g, char *e
 }
 
 int source_tensors(const ModelSource *src, TensorStore *ts, char *err, size_t errlen) {
-    return src->meta ? st_open_file(ts, src->path, err, errlen) : st_open_dir(ts, src->dir, err, errlen);
+    if (src->meta) return st_open_file(ts, src->path, err, errlen);
+    if (st_open_dir(ts, src->dir, err, errlen)) return -1;
+    /* a checkpoint file named on its own stands for its folder, whose
+     * weights are what loads: so it must be one of the files they come
+     * from, not a file beside them that would go unread */
+    struct stat named, st;
+    if (strcmp(src->path, src->dir) == 0 || stat(src->path, &named) != 0) return 0;
+    for (int i = 0; i < ts->n_files; i++)
+        if (stat(ts->files[i].path, &st) == 0 && st.st_dev == named.st_dev && st.st_ino == named.st_ino) return 0;
+    snprintf(err, errlen, "%s: expected one of its folder's checkpoint files (%s/model.safetensors or the shards "
+             "its index names), found a file the folder's model does not read: name the folder, or a single-file "
+             "model (./run FOLDER -m pack -o FILE)", src->path, src->dir);
+    st_close(ts);
+    return -1;
 }

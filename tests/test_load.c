@@ -248,6 +248,71 @@ Test(load, shape_mismatch) {
     expect_fail(1, a, "expected shape [96, 64]", "found [128, 64]");
 }
 
+/* A key given twice in config.json means its last value, as transformers
+ * reads it (Python's json): the first order loads, the second is refused
+ * by the tensor shapes of the value that counts. */
+Test(load, repeated_config_keys_take_the_last) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[512];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    replace_in(p, "\"intermediate_size\": 128", "\"intermediate_size\": 96, \"intermediate_size\": 128");
+    snprintf(a, sizeof a, "%s -i hi -n 1 >/dev/null 2>&1", d);
+    cr_expect_eq(run_status(a), 0, "the last intermediate_size (128) is the fixture's");
+    replace_in(p, "\"intermediate_size\": 96, \"intermediate_size\": 128", "\"intermediate_size\": 128, \"intermediate_size\": 96");
+    snprintf(a, sizeof a, "%s -i hi", d);
+    expect_fail(1, a, "expected shape [96, 64]", "found [128, 64]");
+}
+
+/* A .safetensors file stands for its folder, so one the folder's model
+ * does not read is refused rather than left unread; a single file of -m
+ * pack that lost its config.json says so, naming the file. */
+Test(load, named_files_are_the_ones_read) {
+    const char *d = copy_fixture("tiny");
+    char a[1024];
+    sh("cp '%s/model.safetensors' '%s/other.safetensors'", d, d);
+    snprintf(a, sizeof a, "%s/other.safetensors -i hi", d);
+    expect_fail(1, a, "other.safetensors: expected one of its folder's checkpoint files", "name the folder");
+    snprintf(a, sizeof a, "%s/model.safetensors -i hi -n 1 >/dev/null 2>&1", d);
+    cr_expect_eq(run_status(a), 0, "the folder's own file loads");
+    char packed[400];
+    snprintf(packed, sizeof packed, "%s/tiny.bin", tmp);
+    snprintf(a, sizeof a, "%s -m pack -o '%s' >/dev/null 2>&1", d, packed);
+    cr_assert_eq(run_status(a), 0);
+    /* the metadata key renamed in place: same length, the offsets stay valid */
+    patch_header(packed, "\"config.json\"", "\"config.jsoX\"");
+    snprintf(a, sizeof a, "'%s' -i hi", packed);
+    expect_fail(1, a, "tiny.bin: a single-file model: expected config.json in its metadata", NULL);
+}
+
+/* Fewer layers in config.json than the checkpoint holds runs the first
+ * ones (a truncated model, as transformers loads it) and says so. */
+Test(load, layers_past_the_config_are_named) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[1024], ep[400];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    replace_in(p, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1");
+    snprintf(ep, sizeof ep, "%s/stderr.txt", tmp);
+    snprintf(a, sizeof a, "%s -i hi -n 1 >/dev/null 2>'%s'", d, ep);
+    cr_expect_eq(run_status(a), 0);
+    char *err = slurp(ep, NULL);
+    cr_expect(strstr(err, "warning: ") && strstr(err, "the checkpoint holds 2 layers, config.json's num_hidden_layers "
+                                                     "runs the first 1"), "%s", err);
+    free(err);
+}
+
+/* Chat needs the template's special tokens; without them it stops at the
+ * start, naming the token, rather than spelling the markers in pieces. */
+Test(load, chat_needs_its_special_tokens) {
+    const char *d = copy_fixture("tiny");
+    char p[512], a[1024];
+    snprintf(p, sizeof p, "%s/tokenizer.json", d);
+    replace_in(p, "\"content\": \"<|im_start|>\"", "\"content\": \"<|im_strat|>\"");
+    snprintf(a, sizeof a, "%s -m chat -i hi -n 1", d);
+    expect_fail(1, a, "chat: ", "expected the special token <|im_start|> in the tokenizer");
+    snprintf(a, sizeof a, "%s -i hi -n 1 >/dev/null 2>&1", d);
+    cr_expect_eq(run_status(a), 0, "plain generation does not need them");
+}
+
 Test(load, vocab_smaller_than_tokenizer) {
     const char *d = copy_fixture("tiny");
     char p[512], a[512];
@@ -290,9 +355,19 @@ Test(load, malformed_tokenizer) {
     expect_fail(1, a, "tokenizer.json", NULL);
 }
 
+/* The hint names what limits the context: -c below the model's positions,
+ * else max_position_embeddings, which -c cannot pass. */
 Test(load, prompt_longer_than_context) {
     expect_fail(1, "tests/data/fixtures/tiny -c 5 -n 4 -i 'a prompt that is longer than five tokens for sure'",
-                "does not fit the context of 5", NULL);
+                "does not fit the context of 5", "raise -c");
+    const char *d = copy_fixture("tiny");
+    char p[512], a[1024];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    replace_in(p, "\"max_position_embeddings\": ", "\"max_position_embeddings\": 5, \"x\": ");
+    snprintf(a, sizeof a, "%s -n 4 -i 'a prompt that is longer than five tokens for sure'", d);
+    expect_fail(1, a, "does not fit the context of 5", "the model's max_position_embeddings");
+    snprintf(a, sizeof a, "%s -m logits -o %s/l.bin -i 'a prompt that is longer than five tokens for sure'", d, tmp);
+    expect_fail(1, a, "does not fit the context of 5", "the model's max_position_embeddings");
 }
 
 Test(load, usage_errors_exit_2) {
@@ -499,7 +574,7 @@ Test(load, impossible_config_values_name_their_field) {
         {"\"max_position_embeddings\": 40960", "\"max_position_embeddings\": 1.5", "found 1.5"},
         {"\"tie_word_embeddings\": true", "\"tie_word_embeddings\": \"yes\"", "'tie_word_embeddings': expected true or false"},
         {"\"bos_token_id\": 4096", "\"bos_token_id\": -1", "field 'bos_token_id'"},
-        {"\"rope_theta\": 1000000", "\"rope_theta\": 0.5", "field 'rope_theta': expected a number > 1, found 0.5"},
+        {"\"rope_theta\": 1000000", "\"rope_theta\": 0.5", "field 'rope_theta': expected a number in (1, 1e12], found 0.5"},
         {"\"head_dim\": 32", "\"head_dim\": 31", "head_dim: expected an even number"},
         {"\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": -1", "'rms_norm_eps'"},
     };

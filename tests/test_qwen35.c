@@ -376,6 +376,14 @@ Test(qwen35, bad_input_names_the_field_or_tensor) {
                    "missing tensor 'model.language_model.layers.4.linear_attn.A_log'");
     expect_refusal(NULL, "mtp.layers.0.self_attn.o_proj", "mtp.layers.0.self_attn.o_prij",
                    "missing tensor 'mtp.layers.0.self_attn.o_proj.weight'");
+    expect_refusal("s/\"mamba_ssm_dtype\": \"float32\"/\"mamba_ssm_dtype\": 7/", NULL, NULL,
+                   "'text_config.mamba_ssm_dtype': expected \"float32\" (the state is kept in f32), found 7");
+    expect_refusal("s/\"mtp_num_hidden_layers\": 1/\"mtp_num_hidden_layers\": 2/", NULL, NULL,
+                   "'text_config.mtp_num_hidden_layers': expected an integer in 0..1, found 2");
+    expect_refusal("s/\"mtp_num_hidden_layers\": 1/\"mtp_num_hidden_layers\": 1, \"num_nextn_predict_layers\": 0/",
+                   NULL, NULL,
+                   "fields 'text_config.num_nextn_predict_layers' (0) and 'text_config.mtp_num_hidden_layers' (1): "
+                   "expected the same MTP layer count");
 }
 
 /* The vision tower is not loaded, so its placeholders (image_token_id 4108,

@@ -9,7 +9,7 @@
  *     every double exactly) and parsed again, it gives an equal tree: same
  *     types and order, numbers bit for bit, strings and keys byte for byte
  *     with their lengths (embedded NULs included) and NUL-terminated;
- *   - json_get finds each key at its first occurrence, json_at each item;
+ *   - json_get finds each key at its last occurrence, json_at each item;
  *   - it accepts exactly the texts an independent recogniser of RFC 8259's
  *     grammar below accepts, with json.c's own rules on top: nesting up to
  *     256 deep, numbers of at most 63 characters that are finite doubles,
@@ -105,10 +105,10 @@ static void check_node(const Json *j) {
         /* json_get compares up to the first NUL: only keys without one can be found by it */
         if (strlen(j->keys[i]) != j->key_lens[i]) continue;
         const Json *got = json_get(j, j->keys[i]);
-        size_t first = 0;
-        while (j->key_lens[first] != j->key_lens[i] || memcmp(j->keys[first], j->keys[i], j->key_lens[i]) != 0)
-            first++;
-        if (got != &j->items[first]) die("json_get does not find the first member with the key");
+        size_t last = j->len - 1;
+        while (j->key_lens[last] != j->key_lens[i] || memcmp(j->keys[last], j->keys[i], j->key_lens[i]) != 0)
+            last--;
+        if (got != &j->items[last]) die("json_get does not find the last member with the key");
     }
     if (json_at(j, j->len) != NULL) die("json_at past the end");
 }

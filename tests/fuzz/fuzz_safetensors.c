@@ -15,7 +15,7 @@
  *     copies, which are aligned; st_find finds every tensor by its name;
  *     the tensors' byte ranges never overlap and tile the data section
  *     (sum of sizes == its size); the same after st_to_memory;
- *     st_metadata gives each "__metadata__" string (the first, for a key
+ *     st_metadata gives each "__metadata__" string (the last, for a key
  *     listed twice);
  *   - st_write of the opened store, with that metadata, to a scratch
  *     directory: refused (one line) exactly when a value is not UTF-8,
@@ -157,14 +157,14 @@ static int meta_entries(const Json *m, const char **keys, const char **vals, siz
     return n;
 }
 
-/* st_metadata(ts, keys[i]) is the value of the first entry with that key. */
+/* st_metadata(ts, keys[i]) is the value of the last entry with that key. */
 static void check_meta(const TensorStore *ts, const char **keys, const char **vals, const size_t *lens, int n) {
     for (int i = 0; i < n; i++) {
-        int first = 0;
-        while (strcmp(keys[first], keys[i]) != 0) first++;
+        int last = n - 1;
+        while (strcmp(keys[last], keys[i]) != 0) last--;
         size_t len = 0;
         const char *v = st_metadata(ts, keys[i], &len);
-        if (!v || len != lens[first] || memcmp(v, vals[first], len) != 0 || v[len] != 0)
+        if (!v || len != lens[last] || memcmp(v, vals[last], len) != 0 || v[len] != 0)
             die("st_metadata does not give the header's value", keys[i]);
     }
 }
