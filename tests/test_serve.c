@@ -369,6 +369,28 @@ Test(serve, stream_and_stop_strings) {
 }
 
 /* Bad requests: a JSON error with the status and the field named. */
+/* A model whose tokenizer lacks the chat template's special tokens answers
+ * chat requests with 501 and a message naming them; completions still run. */
+Test(serve, chat_needs_its_special_tokens) {
+    char dir[] = "/tmp/run_serve_nochat_XXXXXX", cmd[512];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "cp tests/data/fixtures/tiny/* %s/ && chmod u+w %s/* && sed -i "
+             "'s/\"content\": \"<|im_start|>\"/\"content\": \"<|im_strat|>\"/' %s/tokenizer.json", dir, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    Server s;
+    server_start_model(&s, dir, "-c 64");
+    Reply r = http(&s, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+    cr_expect_eq(r.status, 501, "%s", r.body);
+    cr_expect(strstr(r.body, "no <|im_start|> and <|im_end|> tokens"), "%s", r.body);
+    free(r.body);
+    r = http(&s, "POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}");
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    free(r.body);
+    server_stop(&s);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
 Test(serve, bad_requests_are_named) {
     Server s;
     server_start(&s, "-c 128 --kv-mb 1");
