@@ -514,8 +514,8 @@ Test(kv_quant, quantizer_bytes_same_on_every_isa) {
                     KVSpec sp;
                     char err[256];
                     cr_assert_eq(kv_spec_parse(specs[si], &sp, err, sizeof err), 0);
-                    const int b = specs[si][4] == '2' ? 2 : 4, G = sp.ko.group ? sp.ko.group : 32;
-                    n = strcmp(specs[si], "q4h") ? kivi_data_bytes(D, b, G, L, role) : (size_t)L * D / 32 * 18;
+                    const int kivi = !strncmp(specs[si], "kivi", 4), G = sp.ko.group ? sp.ko.group : 32;
+                    n = kivi ? kivi_data_bytes(D, specs[si][4] == '2' ? 2 : 4, G, L, role) : (size_t)L * D / 32 * 18;
                     want = malloc(n);
                     memcpy(want, s.data, n);
                 } else {
