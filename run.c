@@ -1379,15 +1379,12 @@ static int run_chat(Run *r, Gen *g) {
     const char *user = r->text;
     int rc = 0, refused = 0, fed = 0, tty = isatty(0);
     g->reply = &reply;
-    /* the template's turns are marked by these special tokens: a tokenizer
-     * without them would spell them out in pieces the model never saw */
-    const char *marks[] = {"<|im_start|>", "<|im_end|>"};
-    for (int i = 0; i < 2 && rc == 0; i++)
-        if (tok_find(g->tok, marks[i]) < 0) {
-            fprintf(stderr, "error: chat: %s: expected the special token %s in the tokenizer (the chat template's "
-                    "turns), found none: use -m generate\n", r->src.path, marks[i]);
-            rc = 1;
-        }
+    const char *missing = chat_missing_token(g->tok);
+    if (missing) {
+        fprintf(stderr, "error: chat: %s: expected the special token %s in the tokenizer (the chat template's "
+                "turns), found none: use -m generate\n", r->src.path, missing);
+        rc = 1;
+    }
     if (rc == 0 &&
         (!sys || encode(g->tok, sys, strlen(sys), &c.sys) || encode(g->tok, CHAT_CLOSE, strlen(CHAT_CLOSE), &c.close))) {
         if (!sys) fprintf(stderr, "error: out of memory in the chat\n");

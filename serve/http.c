@@ -12,6 +12,7 @@
  * call, from its headers, before any of its body is read.
  */
 #include "serve/serve.h"
+#include "tokenizer/chat.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -318,9 +319,7 @@ static enum MHD_Result send_result(Server *s, struct MHD_Connection *c, Job *j, 
 static enum MHD_Result generate(Server *s, struct MHD_Connection *c, const Conn *cn, int chat) {
     const ServeOpts *o = s->o;
     char err[1024];
-    /* the chat template's turns are these special tokens: without them a
-     * chat would reach the model spelled out in pieces it never saw */
-    if (chat && (tok_find(s->tok, "<|im_start|>") < 0 || tok_find(s->tok, "<|im_end|>") < 0))
+    if (chat && chat_missing_token(s->tok))
         return send_error(c, 501, "messages: the model's tokenizer has no <|im_start|> and <|im_end|> tokens, which "
                                   "the chat template needs: use /v1/completions");
     Job *j = calloc(1, sizeof *j);

@@ -9,6 +9,7 @@
  *
  * Follows the chat_template of Qwen3's tokenizer_config.json (no tools). */
 #include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -91,4 +92,11 @@ char *chat_render(const char *const *roles, const char *const *contents, int n, 
     char *out = join(parts, k);
     free(parts);
     return out;
+}
+
+const char *chat_missing_token(const Tokenizer *t) {
+    static const char *const marks[] = {"<|im_start|>", "<|im_end|>"};
+    for (int i = 0; i < 2; i++)
+        if (tok_find(t, marks[i]) < 0) return marks[i];
+    return NULL;
 }

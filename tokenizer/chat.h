@@ -38,6 +38,12 @@ char *chat_user(const char *user, int thinking);
 char *chat_user_open_think(const char *user, int thinking);
 #define CHAT_CLOSE "<|im_end|>\n"
 
+/* The template's turn markers, <|im_start|> and <|im_end|>, must be special
+ * tokens of the tokenizer, or the chat would reach the model spelled out in
+ * pieces it never saw: the first one t lacks, or NULL when it has both. */
+struct Tokenizer;
+const char *chat_missing_token(const struct Tokenizer *t);
+
 /* A whole conversation as the template renders it from scratch (the
  * server's chat requests): each message in order as
  * <|im_start|>{role}\n{content}<|im_end|>\n, an assistant's content
