@@ -59,6 +59,7 @@
 
 typedef struct {
     const char *model, *prompt, *prompt_file, *mode, *system, *kv, *ctk, *ctv, *out, *dev, *host;
+    const char *wmem;     /* -wmem: auto, map or copy (NULL: auto) */
     const char *api_key;  /* serve: --api-key, else $RUN_API_KEY */
     const char *session;  /* chat: --session, the conversation's file */
     int n, top_k, ctx, threads, think, spec; /* n: -1 = no limit; spec: -1 = default */
@@ -119,6 +120,7 @@ static const Option options[] = {
     {{"-wq-draft"}, OPT_CHOICE, AT(draft_q8), 0, 0, 0, "stored or q8"},
     {{"-act"}, OPT_CHOICE, AT(act_bf16), 0, 0, 0, "f32 or bf16"},
     {{"-dev", "--device"}, OPT_STR, AT(dev), 0, 0, 0, "cpu, cuda or auto"},
+    {{"-wmem"}, OPT_STR, AT(wmem), 0, 0, 0, "auto, map or copy"},
     {{"--show-pieces"}, OPT_BOOL, AT(show_pieces), 0, 0, 0, NULL},
     {{"--host"}, OPT_STR, AT(host), 0, 0, 0, "an address"},
     {{"--port"}, OPT_INT, AT(port), 0, 0, 65535, "a port in 0..65535"},
@@ -188,6 +190,11 @@ static void usage(FILE *f) {
             "                   every mode but serve: kvstats and compare -wq q8 not yet run on a GPU) |\n"
             "                   auto (default: cuda when this binary has it, a GPU is there and the\n"
             "                   run is one it takes, else cpu) (--device)\n"
+            "  -wmem MODE       on the GPU, where it reads the weight matrices: map (where the checkpoint\n"
+            "                   is mapped: no device copy, the same logits as copy; read over PCIe on a\n"
+            "                   discrete card, so slow there) | copy (uploaded once into device memory) |\n"
+            "                   auto (default: map on a GPU that shares the system's memory, GB10 or\n"
+            "                   Thor; copy elsewhere, GH200's HBM included)\n"
             "  -o FILE          logits: float32 [tokens, vocab]; compare: .svg, .csv or .json; pack: the\n"
             "                   single file                                                (--output)\n"
             "  --show-pieces    tokenize: one token per line, id and text\n"
@@ -332,6 +339,13 @@ static int check_args(Args *a) {
     if (compare && (a->ctk || a->ctv)) return usage_error("-m compare: give its schemes with -kv a,b,...");
     if (a->dev && strcmp(a->dev, "cpu") && strcmp(a->dev, "cuda") && strcmp(a->dev, "auto"))
         return usage_error("-dev: expected cpu, cuda or auto, found '%s'", a->dev);
+    if (a->wmem && strcmp(a->wmem, "auto") && strcmp(a->wmem, "map") && strcmp(a->wmem, "copy"))
+        return usage_error("-wmem: expected auto, map or copy, found '%s'", a->wmem);
+    if (a->wmem && strcmp(a->wmem, "auto") && a->dev && !strcmp(a->dev, "cpu"))
+        return usage_error("-wmem %s: where the GPU reads the weights, but -dev cpu runs on the CPU", a->wmem);
+    if (a->wmem && !strcmp(a->wmem, "map") && a->wq_q8)
+        return usage_error("-wmem map reads the checkpoint's matrices where they are mapped; -wq q8 makes new ones "
+                           "at load (use -wmem copy)");
     if (a->session && strcmp(a->mode, "chat"))
         return usage_error("--session: expected -m chat (a session is a chat's), found -m %s", a->mode);
     return 0;
@@ -531,8 +545,11 @@ static void print_stats(const Run *r, const KVCache *kv) {
     /* where it ran: the device, its memory, and what the weights take there */
     const GpuModel *g = r->m.gpu;
     const double mem = g ? (double)gpu_model_mem(g) : (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-    fprintf(stderr, " device=%s device_mem_bytes=%.0f model_bytes=%zu\n", g ? "cuda" : "cpu", mem,
+    fprintf(stderr, " device=%s device_mem_bytes=%.0f model_bytes=%zu", g ? "cuda" : "cpu", mem,
             g ? gpu_model_bytes(g) : model_weight_bytes(&r->m));
+    /* on the GPU, what it reads where the checkpoint is mapped (-wmem) */
+    if (g) fprintf(stderr, " mapped_bytes=%zu", gpu_model_mapped_bytes(g));
+    fprintf(stderr, "\n");
 }
 
 /* ---------------------------------------------------------- generation */
@@ -884,6 +901,12 @@ static int run_logits(Run *r, KVCache *kv) {
 
 static int dev_is_cuda(const Run *r) { return r->a.dev && !strcmp(r->a.dev, "cuda"); }
 
+/* -wmem as model_to_gpu takes it (model/gpu.h). */
+static int wmem_mode(const Run *r) {
+    const char *w = r->a.wmem;
+    return !w || !strcmp(w, "auto") ? GPU_WMEM_AUTO : !strcmp(w, "map") ? GPU_WMEM_MAP : GPU_WMEM_COPY;
+}
+
 static void compare_progress(void *p, long done, long total) {
     ((Progress *)p)->total = total;
     progress_show(p, done);
@@ -904,7 +927,7 @@ static int run_compare(Run *r) {
         fprintf(stderr, "error: %s\n", err);
         return 1;
     }
-    if (two && r->m.gpu && model_to_gpu(&ref, err, sizeof err)) {
+    if (two && r->m.gpu && model_to_gpu(&ref, wmem_mode(r), err, sizeof err)) {
         if (dev_is_cuda(r)) {
             fprintf(stderr, "error: the stored-weights reference on the GPU: %s\n", err);
             model_free(&ref);
@@ -1630,6 +1653,8 @@ static int open_model(Run *r) {
     }
     const int gpu = choose_device(r, err, sizeof err);
     if (gpu < 0) goto fail;
+    if (!gpu && r->a.wmem && strcmp(r->a.wmem, "auto"))
+        fprintf(stderr, "note: -wmem %s: the run is on the CPU, where it does not apply\n", r->a.wmem);
     /* weights read into memory (faster decode) unless RUN_MMAP=1, or -wq q8
      * converts them anyway (a copy would only leave the originals
      * resident), or the GPU takes them as stored, straight from the mapping */
@@ -1650,15 +1675,20 @@ static int open_model(Run *r) {
     }
     if (gpu) {
         double t0 = now();
-        if (model_to_gpu(&r->m, err, sizeof err)) {
+        if (model_to_gpu(&r->m, wmem_mode(r), err, sizeof err)) {
             /* auto: where the GPU cannot take the model (its memory, say), the CPU still can */
             if (dev_is_cuda(r)) goto fail;
             fprintf(stderr, "note: running on the CPU: %s\n", err);
         } else {
-            char hb[32];
+            char hb[32], hm[32];
             human_bytes((double)gpu_model_bytes(r->m.gpu), hb, sizeof hb);
-            fprintf(stderr, "device: %s, weights %s uploaded in %.2f s\n", gpu_model_device(r->m.gpu), hb,
-                    now() - t0);
+            human_bytes((double)gpu_model_mapped_bytes(r->m.gpu), hm, sizeof hm);
+            if (gpu_model_mapped_bytes(r->m.gpu))
+                fprintf(stderr, "device: %s, weights %s read where mapped (-wmem map), %s copied, in %.2f s\n",
+                        gpu_model_device(r->m.gpu), hm, hb, now() - t0);
+            else
+                fprintf(stderr, "device: %s, weights %s uploaded in %.2f s\n", gpu_model_device(r->m.gpu), hb,
+                        now() - t0);
         }
     }
     if (source_generation(&r->src, &r->m.cfg, &r->gd, err, sizeof err)) goto fail;

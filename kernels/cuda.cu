@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/cuda.h"
 #include "kernels/cuda_common.cuh"
@@ -25,6 +26,15 @@ int g_pdl;
 static char g_failed_op[64];
 static cudaError_t g_failed;
 static int g_integrated; /* device 0 shares the system's memory (cuda_open) */
+static int g_pageable, g_ro_register; /* CudaInfo's pageable and ro_register (cuda_open) */
+static size_t g_host_mapped;          /* bytes of host mappings the GPU reads in place (cuda_host_map) */
+
+void cuda_refuse(const char *op) {
+    if (g_failed == cudaSuccess) {
+        g_failed = cudaErrorInvalidValue;
+        snprintf(g_failed_op, sizeof g_failed_op, "%s", op);
+    }
+}
 
 void cuda_note(const char *op) {
     cudaError_t e = cudaGetLastError();
@@ -65,6 +75,13 @@ extern "C" int cuda_open(CudaInfo *info, char *err, size_t errlen) {
     info->cc_minor = p.minor;
     info->mem_total = p.totalGlobalMem;
     info->integrated = g_integrated = p.integrated;
+    int a = 0;
+    if (cudaDeviceGetAttribute(&a, cudaDevAttrPageableMemoryAccess, 0) == cudaSuccess) info->pageable = g_pageable = a;
+    if (cudaDeviceGetAttribute(&a, cudaDevAttrPageableMemoryAccessUsesHostPageTables, 0) == cudaSuccess)
+        info->host_tables = a;
+    if (cudaDeviceGetAttribute(&a, cudaDevAttrHostRegisterReadOnlySupported, 0) == cudaSuccess)
+        info->ro_register = g_ro_register = a;
+    cudaGetLastError(); /* an attribute this driver does not know reads as 0 */
     /* SASS for 8.0 and up, and PTX a later GPU compiles: nothing for older ones */
     if (p.major < 8) {
         snprintf(err, errlen, "-dev cuda: %s has compute capability %d.%d; this build runs on 8.0 and up", p.name,
@@ -100,10 +117,15 @@ static size_t mem_available(void) {
 
 extern "C" void *cuda_alloc(size_t bytes, const char *what, char *err, size_t errlen) {
     void *d = NULL;
-    const size_t avail = g_integrated ? mem_available() : 0;
-    if (avail && bytes > avail) {
-        snprintf(err, errlen, "out of memory for %s: %.2f GB needed, %.2f GB available (MemAvailable: this GPU "
-                              "shares the system's memory)", what, bytes / 1e9, avail / 1e9);
+    /* MemAvailable counts the page cache as free, mapped weights included:
+     * an allocation that took their pages would have them read from disk
+     * again at every step, so they stay out of the budget */
+    const size_t sys = g_integrated ? mem_available() : 0; /* 0: a discrete GPU, or not known */
+    const size_t avail = sys > g_host_mapped ? sys - g_host_mapped : 0;
+    if (sys && bytes > avail) {
+        snprintf(err, errlen, "out of memory for %s: %.2f GB needed, %.2f GB available (MemAvailable%s: this GPU "
+                              "shares the system's memory)", what, bytes / 1e9, avail / 1e9,
+                 g_host_mapped ? " less the weights read where mapped" : "");
         return NULL;
     }
     cudaError_t e = cudaMalloc(&d, bytes ? bytes : 1);
@@ -111,9 +133,9 @@ extern "C" void *cuda_alloc(size_t bytes, const char *what, char *err, size_t er
         cudaGetLastError();
         size_t fr = 0, tot = 0;
         cuda_mem(&fr, &tot);
-        if (avail) fr = avail;
+        if (sys) fr = avail;
         snprintf(err, errlen, "out of GPU memory for %s: %.2f GB needed, %.2f GB of %.2f GB free%s (%s)", what,
-                 bytes / 1e9, fr / 1e9, tot / 1e9, avail ? " (MemAvailable)" : "", cudaGetErrorString(e));
+                 bytes / 1e9, fr / 1e9, tot / 1e9, sys ? " (MemAvailable)" : "", cudaGetErrorString(e));
         return NULL;
     }
     return d;
@@ -121,6 +143,43 @@ extern "C" void *cuda_alloc(size_t bytes, const char *what, char *err, size_t er
 
 extern "C" void cuda_free(void *d) {
     if (d) cudaFree(d);
+}
+
+extern "C" const void *cuda_host_map(const void *p, size_t bytes, char *err, size_t errlen) {
+    if (g_pageable) {
+        g_host_mapped += bytes;
+        return p;
+    }
+    if (!g_ro_register) {
+        snprintf(err, errlen, "-wmem map: this GPU reads neither pageable memory nor registered read-only mappings "
+                              "(cudaDevAttrPageableMemoryAccess and HostRegisterReadOnlySupported are 0): use -wmem "
+                              "copy");
+        return NULL;
+    }
+    /* a mapping covers whole pages: so does its registration */
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    bytes = (bytes + page - 1) / page * page;
+    void *d = NULL;
+    cudaError_t e = cudaHostRegister((void *)p, bytes, cudaHostRegisterMapped | cudaHostRegisterReadOnly);
+    if (e == cudaSuccess && (e = cudaHostGetDevicePointer(&d, (void *)p, 0)) != cudaSuccess) cudaHostUnregister((void *)p);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, errlen, "-wmem map: registering %.2f GB of the checkpoint's mapping for the GPU failed: %s (use "
+                 "-wmem copy)", bytes / 1e9, cudaGetErrorString(e));
+        return NULL;
+    }
+    g_host_mapped += bytes;
+    return d;
+}
+
+extern "C" void cuda_host_unmap(const void *p, size_t bytes) {
+    if (!p) return;
+    if (!g_pageable) {
+        const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        bytes = (bytes + page - 1) / page * page;
+        if (cudaHostUnregister((void *)p) != cudaSuccess) cudaGetLastError();
+    }
+    g_host_mapped -= bytes < g_host_mapped ? bytes : g_host_mapped;
 }
 
 static int copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *what, char *err,

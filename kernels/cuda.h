@@ -34,6 +34,9 @@ typedef struct {
     int sm_count, cc_major, cc_minor;
     size_t mem_total; /* bytes */
     int integrated;   /* the GPU shares the system's memory (GB10, Thor, Jetson) */
+    int pageable;     /* kernels may read pageable host memory (ATS, or HMM on x86) */
+    int host_tables;  /* ... through the host's page tables (ATS: Grace, GB10) */
+    int ro_register;  /* cudaHostRegisterReadOnly takes a read-only mapping */
 } CudaInfo;
 
 /* Opens device 0 and the stream every launcher runs on. 0 ok, -1 with one
@@ -43,10 +46,20 @@ int cuda_open(CudaInfo *info, char *err, size_t errlen);
  * free), NULL with err on failure. On an integrated GPU cudaMemGetInfo's
  * free figure counts the page cache as used (it reads MemFree), so there
  * the budget is the system's MemAvailable (/proc/meminfo, as llama.cpp
- * reads it there), and a request above it is refused before cudaMalloc,
+ * reads it there) less the weights the GPU reads where they are mapped
+ * (cuda_host_map), and a request above it is refused before cudaMalloc,
  * which the kernel might otherwise grant by evicting or swapping. */
 void *cuda_alloc(size_t bytes, const char *what, char *err, size_t errlen);
 void cuda_free(void *d);
+/* Where kernels read host memory [p, p + bytes) in place, p page-aligned
+ * (a checkpoint file's read-only mapping): p itself where the GPU reads
+ * pageable memory (info.pageable), else the device address of the range
+ * registered read-only (cudaHostRegister, which pins its pages). NULL with
+ * err naming why when neither works. On an integrated GPU the bytes so
+ * mapped are kept out of cuda_alloc's budget. cuda_host_unmap(p, bytes)
+ * undoes what cuda_host_map(p, bytes) did. */
+const void *cuda_host_map(const void *p, size_t bytes, char *err, size_t errlen);
+void cuda_host_unmap(const void *p, size_t bytes);
 /* Host <-> device copies on the stream (synchronous for pageable memory).
  * 0 ok, -1 with err naming what. */
 int cuda_upload(void *d_dst, const void *src, size_t bytes, const char *what, char *err, size_t errlen);
@@ -197,6 +210,31 @@ void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int r
  * give, bit for bit). */
 void cuda_matvec(float *d_y, const float *d_x, int xmode, const float *d_nw, float eps, const void *d_W, int dtype,
                  int rows, int cols, int n, int pair, int add);
+
+/* Both of the above are this one launch over a whole matrix. Its fields
+ * also describe a part of one, which is how model/gpu.c reads a
+ * checkpoint where it is mapped (-wmem map): q, k and v as three launches
+ * into their columns of one output, gate and up from two tensors. Every
+ * output's sum is the whole matrix's to the bit, because the launch's
+ * shape (warps per row, the prefill kernel) follows shape_rows, the
+ * whole matrix's rows, and a sum only ever meets its own row.
+ *   W          rows [rows, cols] of dtype, row r at element r ld of w;
+ *              pair (decode only): gate row i from w, up row i from w2
+ *   y          output (token t, row r) at y[t ldy + r ys]
+ *   q8         a whole matrix only: its scales follow its codes (above)
+ *   narrow     W's rows are only 8-byte aligned: they are read in 8-byte
+ *              loads (the same bytes, so the same sums) */
+typedef struct {
+    float *y;
+    const float *x; /* [n, cols] */
+    const void *w, *w2;
+    size_t ld;
+    int dtype, rows, cols, n, ldy, ys, shape_rows, pair, add, narrow;
+    int xmode; /* decode only: RMSNorm each row of x with nw and eps first */
+    const float *nw;
+    float eps;
+} CudaMatmul;
+void cuda_matmul_run(const CudaMatmul *m);
 
 /* ---- attn/attn.cu: twin of attn_group_ref over every cache above ---- */
 /* Causal attention of n tokens at positions pos .. pos + n - 1 (pos from

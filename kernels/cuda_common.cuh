@@ -15,6 +15,9 @@
 extern cudaStream_t g_stream;
 /* Records the first failed launch with the op's name (kernels/cuda.cu). */
 void cuda_note(const char *op);
+/* Records op's launch as refused (a caller broke a launcher's contract),
+ * for cuda_sync to report as cudaErrorInvalidValue. */
+void cuda_refuse(const char *op);
 
 /* Programmatic dependent launch (compute capability 9.0 and up, on unless
  * RUN_CUDA_PDL=0): a kernel launched by pdl_launch may be scheduled while

@@ -43,8 +43,11 @@ template <int DT> __device__ constexpr int wsize() { return DT == CUDA_F32 ? 4 :
 
 /* 8 consecutive weights from W (16 bytes of bf16/f16, 32 of f32, 8 q8
  * codes and their block's scale from sc) as f32: a q8 weight is its code
- * times its scale rounded once, as matmul_ref's widening. */
-template <int DT> __device__ __forceinline__ void load8(const void *W, const float *sc, size_t at, float w[8]) {
+ * times its scale rounded once, as matmul_ref's widening. A8: W's rows
+ * are only 8-byte aligned (a checkpoint read where it is mapped), so the
+ * same bytes come in 8-byte loads. */
+template <int DT, int A8>
+__device__ __forceinline__ void load8(const void *W, const float *sc, size_t at, float w[8]) {
     if (DT == CUDA_Q8) {
         /* the 8 codes lie in one block of 32: at is a multiple of 8; 8
          * bytes a lane, which measured faster than 16 (docs/cuda.md) */
@@ -55,13 +58,25 @@ template <int DT> __device__ __forceinline__ void load8(const void *W, const flo
             w[i] = __fmul_rn((float)(int8_t)(u.x >> (8 * i)), d);
             w[4 + i] = __fmul_rn((float)(int8_t)(u.y >> (8 * i)), d);
         }
+    } else if (DT == CUDA_F32 && A8) {
+        const float2 *f = (const float2 *)((const float *)W + at);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 a = __ldcs(f + i);
+            w[2 * i] = a.x, w[2 * i + 1] = a.y;
+        }
     } else if (DT == CUDA_F32) {
         const float4 a = __ldcs((const float4 *)((const float *)W + at));
         const float4 b = __ldcs((const float4 *)((const float *)W + at) + 1);
         w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
     } else {
         /* streamed once per token: evict-first, so x keeps its place in the caches */
-        const uint4 u = __ldcs((const uint4 *)((const uint16_t *)W + at));
+        uint4 u;
+        if (A8) {
+            const uint2 a = __ldcs((const uint2 *)((const uint16_t *)W + at));
+            const uint2 b = __ldcs((const uint2 *)((const uint16_t *)W + at) + 1);
+            u = make_uint4(a.x, a.y, b.x, b.y);
+        } else u = __ldcs((const uint4 *)((const uint16_t *)W + at));
         const uint32_t p[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -76,40 +91,52 @@ template <int DT> __device__ __forceinline__ void load8(const void *W, const flo
     }
 }
 
+/* What the kernels below take (cuda_matmul_run fills it in): row r of W
+ * starts at element r ld of w, a pair's up row at r ld of w2; a q8
+ * weight's scale is sc[e / 32] for the weight at element e of w (sc2 for
+ * w2); output (token t, row r) is y[t ldy + r ys]. A whole matrix has
+ * ld = cols, ldy = rows, ys = 1; the rest is for its parts (cuda.h). */
+struct MM {
+    float *y;
+    const float *x, *nw;
+    const void *w, *w2;
+    const float *sc, *sc2;
+    size_t ld;
+    float eps;
+    int rows, cols, n, ks, add, ldy, ys;
+};
+
 /* Block of 8 warps, ks warps per output row (each a slice of the
  * columns: more warps in flight for matrices of few rows), NT >= n rows of
  * x. XM: x as it is, or RMSNormed with nw on the fly (each block first
  * finds each row's 1 / rms exactly as rmsnorm_kernel does, same order, so
- * the products are those of cuda_rmsnorm then the plain matmul). PAIR: W's
- * rows interleave gate and up (2i, 2i + 1); output i is silu(gate) * up of
- * their two sums, as cuda_swiglu computes it. */
-template <int DT, int NT, int XM, int PAIR>
-__global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const float *x, const float *nw, float eps,
-                                                             const void *W, int rows, int cols, int n, int ks,
-                                                             int add) {
+ * the products are those of cuda_rmsnorm then the plain matmul). PAIR:
+ * output i is silu(gate) * up of the sums of gate row i (w) and up row i
+ * (w2), as cuda_swiglu computes it. A8: 8-byte loads (load8). */
+template <int DT, int NT, int XM, int PAIR, int A8>
+__global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(MM a) {
     __shared__ double sh[32];
     __shared__ float inv[NT], red[GEMV_WARPS][2 * NT];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = a.ks, cols = a.cols, n = a.n;
     const int r = blockIdx.x * (GEMV_WARPS / ks) + warp / ks, slice = warp % ks;
-    /* q8: the scales follow the codes of all of W's rows */
-    const float *sc = DT == CUDA_Q8 ? (const float *)((const int8_t *)W + (size_t)(PAIR ? 2 * rows : rows) * cols)
-                                    : nullptr;
+    /* row r's first weight, in w and (a pair's up row) in w2 */
+    const size_t base = (size_t)r * a.ld;
     /* the first stretch of this warp's row into L2 while the kernel before
      * finishes (pdl_wait) and the norm is found */
-    if (r < rows)
+    if (r < a.rows)
         for (int p = 0; p <= PAIR; p++)
             for (int c = (slice * 32 + lane) * 8, i = 0; c < cols && i < 4; c += 256 * ks, i++) {
-                const size_t at = ((size_t)((PAIR ? 2 * r : r) + p) * cols + c) * wsize<DT>();
-                asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)W + at));
+                const char *at = (const char *)(p ? a.w2 : a.w) + (base + c) * wsize<DT>();
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
             }
     pdl_wait();
     if (XM) {
         for (int t = 0; t < n; t++) {
             double ss = 0;
-            const float *xt = x + (size_t)t * cols;
+            const float *xt = a.x + (size_t)t * cols;
             for (int j = threadIdx.x; j < cols; j += blockDim.x) ss += (double)xt[j] * xt[j];
             ss = block_sum_d(ss, sh);
-            if (threadIdx.x == 0) inv[t] = (float)(1.0 / sqrt(ss / cols + (double)eps));
+            if (threadIdx.x == 0) inv[t] = (float)(1.0 / sqrt(ss / cols + (double)a.eps));
         }
         __syncthreads();
     }
@@ -118,21 +145,20 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const f
     for (int p = 0; p <= PAIR; p++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[p][t] = 0;
-    if (r < rows) {
-        const size_t base = (size_t)(PAIR ? 2 * r : r) * cols;
+    if (r < a.rows) {
 #pragma unroll 4
         for (int c = (slice * 32 + lane) * 8; c < cols; c += 256 * ks) {
             float w[PAIR + 1][8];
-            load8<DT>(W, sc, base + c, w[0]);
-            if (PAIR) load8<DT>(W, sc, base + cols + c, w[PAIR]);
+            load8<DT, A8>(a.w, a.sc, base + c, w[0]);
+            if (PAIR) load8<DT, A8>(a.w2, a.sc2, base + c, w[PAIR]);
 #pragma unroll
             for (int t = 0; t < NT; t++)
                 if (t < n) {
-                    const float4 a = *(const float4 *)(x + (size_t)t * cols + c);
-                    const float4 b = *(const float4 *)(x + (size_t)t * cols + c + 4);
-                    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                    const float4 x0 = *(const float4 *)(a.x + (size_t)t * cols + c);
+                    const float4 x1 = *(const float4 *)(a.x + (size_t)t * cols + c + 4);
+                    float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
                     if (XM) {
-                        const float4 g0 = *(const float4 *)(nw + c), g1 = *(const float4 *)(nw + c + 4);
+                        const float4 g0 = *(const float4 *)(a.nw + c), g1 = *(const float4 *)(a.nw + c + 4);
                         const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
 #pragma unroll
                         for (int e = 0; e < 8; e++) v[e] = __fmul_rn(g[e], __fmul_rn(v[e], inv[t]));
@@ -170,41 +196,41 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(float *y, const f
                     acc[p][t] = s;
                 }
     }
-    if (r >= rows || slice || lane) return;
+    if (r >= a.rows || slice || lane) return;
 #pragma unroll
     for (int t = 0; t < NT; t++)
         if (t < n) {
             float s = acc[0][t];
             if (PAIR) s = __fmul_rn(__fdiv_rn(s, __fadd_rn(1.0f, expf(-s))), acc[PAIR][t]);
-            y[(size_t)t * rows + r] = add ? __fadd_rn(y[(size_t)t * rows + r], s) : s;
+            float *o = a.y + (size_t)t * a.ldy + (size_t)r * a.ys;
+            *o = a.add ? __fadd_rn(*o, s) : s;
         }
 }
 
 /* Tiles of 64 tokens x 64 rows of W, 16 columns per stage; thread (tx,
  * ty) of 16 x 16 owns rows r0 + 4 tx .. + 3 of tokens t0 + 4 ty .. + 3.
  * Shared rows are padded by one word against bank conflicts. */
-template <int DT>
-__global__ void gemm_kernel(float *y, const float *x, const void *W, int rows, int cols, int n, int add) {
+template <int DT> __global__ void gemm_kernel(MM a) {
     __shared__ float xs[16][64 + 1], ws[16][64 + 1];
-    const int t0 = blockIdx.y * 64, r0 = blockIdx.x * 64;
+    const int t0 = blockIdx.y * 64, r0 = blockIdx.x * 64, rows = a.rows, cols = a.cols, n = a.n;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     float acc[4][4] = {};
     for (int k0 = 0; k0 < cols; k0 += 16) {
         for (int e = threadIdx.x; e < 64 * 16; e += 256) {
-            const int a = e >> 4, kk = e & 15, k = k0 + kk;
-            xs[kk][a] = t0 + a < n && k < cols ? x[(size_t)(t0 + a) * cols + k] : 0.0f;
-            ws[kk][a] = r0 + a < rows && k < cols ? weight_at(W, DT, (size_t)(r0 + a) * cols + k) : 0.0f;
+            const int i = e >> 4, kk = e & 15, k = k0 + kk;
+            xs[kk][i] = t0 + i < n && k < cols ? a.x[(size_t)(t0 + i) * cols + k] : 0.0f;
+            ws[kk][i] = r0 + i < rows && k < cols ? weight_at(a.w, DT, (size_t)(r0 + i) * a.ld + k) : 0.0f;
         }
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < 16; kk++) {
-            float a[4], b[4];
+            float u[4], v[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) a[i] = xs[kk][ty * 4 + i], b[i] = ws[kk][tx * 4 + i];
+            for (int i = 0; i < 4; i++) u[i] = xs[kk][ty * 4 + i], v[i] = ws[kk][tx * 4 + i];
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(u[i], v[j], acc[i][j]);
         }
         __syncthreads();
     }
@@ -213,8 +239,10 @@ __global__ void gemm_kernel(float *y, const float *x, const void *W, int rows, i
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int t = t0 + ty * 4 + i, r = r0 + tx * 4 + j;
-            if (t < n && r < rows)
-                y[(size_t)t * rows + r] = add ? __fadd_rn(y[(size_t)t * rows + r], acc[i][j]) : acc[i][j];
+            if (t < n && r < rows) {
+                float *o = a.y + (size_t)t * a.ldy + (size_t)r * a.ys;
+                *o = a.add ? __fadd_rn(*o, acc[i][j]) : acc[i][j];
+            }
         }
 }
 
@@ -249,10 +277,14 @@ __device__ __forceinline__ void stage_x3(__nv_bfloat16 (*As)[TC_BM][TC_LD], cons
 /* Block of 4 warps: warp (wm, wn) owns tokens t0 + 32 wm .. and rows
  * r0 + 32 wn .. as 2 x 2 fragments of 16 x 16. Per stage the block splits
  * 64 x 32 of x into As[0..2] and copies 64 x 32 of W into Bs; x rows past
- * n are zeros and their outputs are not stored. */
-__global__ void __launch_bounds__(128) gemm_bf16x3_kernel(float *y, const float *x, const uint16_t *W, int rows,
-                                                          int cols, int n, int add) {
+ * n and W rows past rows (a part of a matrix, whose last tile it need not
+ * fill) are zeros, and their outputs are not stored: each output's sum
+ * only ever meets its own row and token. A8: W in 8-byte loads. */
+template <int A8> __global__ void __launch_bounds__(128) gemm_bf16x3_kernel(MM a) {
     using namespace nvcuda;
+    const float *x = a.x;
+    const uint16_t *W = (const uint16_t *)a.w;
+    const int rows = a.rows, cols = a.cols, n = a.n;
     __shared__ __align__(32) __nv_bfloat16 As[3][TC_BM][TC_LD];
     __shared__ __align__(32) __nv_bfloat16 Bs[TC_BN][TC_LD];
     __shared__ __align__(32) float Cs[4][32][TC_CLD];
@@ -267,7 +299,13 @@ __global__ void __launch_bounds__(128) gemm_bf16x3_kernel(float *y, const float 
         stage_x3(As, x, t0, k0, n, cols);
         for (int e = threadIdx.x; e < TC_BN * TC_BK / 8; e += 128) {
             const int rr = e / (TC_BK / 8), c = (e % (TC_BK / 8)) * 8;
-            *(uint4 *)&Bs[rr][c] = __ldcs((const uint4 *)(W + (size_t)(r0 + rr) * cols + k0 + c));
+            const uint16_t *src = W + (size_t)(r0 + rr) * a.ld + k0 + c;
+            uint4 u = make_uint4(0, 0, 0, 0);
+            if (r0 + rr < rows && A8) {
+                const uint2 lo = __ldcs((const uint2 *)src), hi = __ldcs((const uint2 *)src + 1);
+                u = make_uint4(lo.x, lo.y, hi.x, hi.y);
+            } else if (r0 + rr < rows) u = __ldcs((const uint4 *)src);
+            *(uint4 *)&Bs[rr][c] = u;
         }
         __syncthreads();
 #pragma unroll
@@ -296,9 +334,10 @@ __global__ void __launch_bounds__(128) gemm_bf16x3_kernel(float *y, const float 
     __syncwarp();
     for (int e = lane; e < 32 * 32; e += 32) {
         const int t = t0 + wm * 32 + e / 32, r = r0 + wn * 32 + e % 32;
-        if (t < n) {
+        if (t < n && r < rows) {
             const float v = Cs[warp][e / 32][e % 32];
-            y[(size_t)t * rows + r] = add ? __fadd_rn(y[(size_t)t * rows + r], v) : v;
+            float *o = a.y + (size_t)t * a.ldy + (size_t)r * a.ys;
+            *o = a.add ? __fadd_rn(*o, v) : v;
         }
     }
 }
@@ -324,13 +363,14 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const 
  * Tiles of 64 tokens x 64 rows as gemm_bf16x3_kernel's, by mma.sync, whose
  * accumulator layout (unlike WMMA's) says which row each sum belongs to.
  * Any rows and n; cols a multiple of 32. */
-__global__ void __launch_bounds__(128) gemm_q8_kernel(float *y, const float *x, const int8_t *W, int rows, int cols,
-                                                      int n, int add) {
+__global__ void __launch_bounds__(128) gemm_q8_kernel(MM a) {
     __shared__ __align__(16) __nv_bfloat16 As[3][TC_BM][TC_LD];
     __shared__ __align__(16) __nv_bfloat16 Bs[TC_BN][TC_LD];
     __shared__ float ds[TC_BN];
-    const float *sc = (const float *)(W + (size_t)rows * cols);
-    const int t0 = blockIdx.y * TC_BM, r0 = blockIdx.x * TC_BN, nb = cols / 32;
+    const float *x = a.x, *sc = a.sc;
+    const int8_t *W = (const int8_t *)a.w;
+    const int rows = a.rows, cols = a.cols, n = a.n;
+    const int t0 = blockIdx.y * TC_BM, r0 = blockIdx.x * TC_BN;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
     const int g = lane >> 2, t = lane & 3;
     /* warp (wm, wn): tokens t0 + 32 wm + 16 i .., rows r0 + 32 wn + 8 j .. */
@@ -342,7 +382,7 @@ __global__ void __launch_bounds__(128) gemm_q8_kernel(float *y, const float *x, 
             /* 64 rows of 32 codes: 16 per thread, widened to bf16 pairs */
             const int rr = threadIdx.x >> 1, c = (threadIdx.x & 1) * 16;
             uint4 u = make_uint4(0, 0, 0, 0);
-            if (r0 + rr < rows) u = __ldcs((const uint4 *)(W + (size_t)(r0 + rr) * cols + k0 + c));
+            if (r0 + rr < rows) u = __ldcs((const uint4 *)(W + (size_t)(r0 + rr) * a.ld + k0 + c));
             const uint32_t p[4] = {u.x, u.y, u.z, u.w};
             uint32_t o[8];
 #pragma unroll
@@ -354,7 +394,7 @@ __global__ void __launch_bounds__(128) gemm_q8_kernel(float *y, const float *x, 
             *(uint4 *)&Bs[rr][c] = make_uint4(o[0], o[1], o[2], o[3]);
             *(uint4 *)&Bs[rr][c + 8] = make_uint4(o[4], o[5], o[6], o[7]);
             if (threadIdx.x < TC_BN)
-                ds[threadIdx.x] = r0 + threadIdx.x < rows ? sc[(size_t)(r0 + threadIdx.x) * nb + k0 / 32] : 0.0f;
+                ds[threadIdx.x] = r0 + threadIdx.x < rows ? sc[((size_t)(r0 + threadIdx.x) * a.ld + k0) / 32] : 0.0f;
         }
         __syncthreads();
         float s[2][4][4] = {};
@@ -398,8 +438,8 @@ __global__ void __launch_bounds__(128) gemm_q8_kernel(float *y, const float *x, 
             for (int h = 0; h < 4; h++) {
                 const int tok = t0 + wm * 32 + i * 16 + g + (h >> 1) * 8, r = r0 + wn * 32 + j * 8 + 2 * t + (h & 1);
                 if (tok < n && r < rows) {
-                    float *o = y + (size_t)tok * rows + r;
-                    *o = add ? __fadd_rn(*o, acc[i][j][h]) : acc[i][j][h];
+                    float *o = a.y + (size_t)tok * a.ldy + (size_t)r * a.ys;
+                    *o = a.add ? __fadd_rn(*o, acc[i][j][h]) : acc[i][j][h];
                 }
             }
 }
@@ -412,35 +452,85 @@ static int warps_per_row(int rows) {
     return ks;
 }
 
-template <int DT, int NT>
-static void gemv_nt(float *y, const float *x, int xmode, const float *nw, float eps, const void *W, int rows, int cols,
-                    int n, int pair, int add) {
-    /* as for W's own rows, so that a pair's sums are those of the plain matmul */
-    const int ks = warps_per_row(pair ? 2 * rows : rows), rpb = GEMV_WARPS / ks;
-    const dim3 g((rows + rpb - 1) / rpb), b(32 * GEMV_WARPS);
-    if (xmode && pair) pdl_launch(gemv_kernel<DT, NT, 1, 1>, g, b, y, x, nw, eps, W, rows, cols, n, ks, add);
-    else if (xmode) pdl_launch(gemv_kernel<DT, NT, 1, 0>, g, b, y, x, nw, eps, W, rows, cols, n, ks, add);
-    else if (pair) pdl_launch(gemv_kernel<DT, NT, 0, 1>, g, b, y, x, nw, eps, W, rows, cols, n, ks, add);
-    else pdl_launch(gemv_kernel<DT, NT, 0, 0>, g, b, y, x, nw, eps, W, rows, cols, n, ks, add);
+template <int DT, int NT, int A8> static void gemv_nt(const CudaMatmul *m, MM a) {
+    /* as for the whole matrix's rows, so that a part's sums are the whole's */
+    a.ks = warps_per_row(m->shape_rows);
+    const int rpb = GEMV_WARPS / a.ks;
+    const dim3 g((a.rows + rpb - 1) / rpb), b(32 * GEMV_WARPS);
+    if (m->xmode && m->pair) pdl_launch(gemv_kernel<DT, NT, 1, 1, A8>, g, b, a);
+    else if (m->xmode) pdl_launch(gemv_kernel<DT, NT, 1, 0, A8>, g, b, a);
+    else if (m->pair) pdl_launch(gemv_kernel<DT, NT, 0, 1, A8>, g, b, a);
+    else pdl_launch(gemv_kernel<DT, NT, 0, 0, A8>, g, b, a);
 }
 
-template <int DT>
-static void gemv(float *y, const float *x, int xmode, const float *nw, float eps, const void *W, int rows, int cols,
-                 int n, int pair, int add) {
-    if (n == 1) gemv_nt<DT, 1>(y, x, xmode, nw, eps, W, rows, cols, n, pair, add);
-    else if (n == 2) gemv_nt<DT, 2>(y, x, xmode, nw, eps, W, rows, cols, n, pair, add);
-    else if (n <= 4) gemv_nt<DT, 4>(y, x, xmode, nw, eps, W, rows, cols, n, pair, add);
-    else gemv_nt<DT, 8>(y, x, xmode, nw, eps, W, rows, cols, n, pair, add);
+template <int DT, int A8> static void gemv(const CudaMatmul *m, const MM &a) {
+    if (m->n == 1) gemv_nt<DT, 1, A8>(m, a);
+    else if (m->n == 2) gemv_nt<DT, 2, A8>(m, a);
+    else if (m->n <= 4) gemv_nt<DT, 4, A8>(m, a);
+    else gemv_nt<DT, 8, A8>(m, a);
+}
+
+/* 8-byte loads where the rows ask for them; q8 codes come 8 bytes a
+ * lane anyway */
+template <int DT> static void gemv_aligned(const CudaMatmul *m, const MM &a) {
+    if (m->narrow) gemv<DT, DT != CUDA_Q8>(m, a);
+    else gemv<DT, 0>(m, a);
+}
+
+extern "C" void cuda_matmul_run(const CudaMatmul *m) {
+    /* the pair and the RMSNorm are the decode kernel's; q8's scales are
+     * found from a whole matrix's rows */
+    if ((m->n > CUDA_MATVEC_MAX && (m->pair || m->xmode)) ||
+        (m->dtype == CUDA_Q8 && (m->narrow || m->ld != (size_t)(m->pair ? 2 : 1) * m->cols))) {
+        cuda_refuse("matmul (a launch its kernels do not take)");
+        return;
+    }
+    MM a = {};
+    a.y = m->y, a.x = m->x, a.nw = m->nw, a.w = m->w, a.w2 = m->w2, a.ld = m->ld, a.eps = m->eps;
+    a.rows = m->rows, a.cols = m->cols, a.n = m->n, a.add = m->add, a.ldy = m->ldy, a.ys = m->ys;
+    if (m->dtype == CUDA_Q8) {
+        /* a whole matrix's codes, then its scales (a pair: gate and up
+         * rows interleaved, w2 the first up row) */
+        a.sc = (const float *)((const int8_t *)m->w + (size_t)(m->pair ? 2 : 1) * m->rows * m->cols);
+        a.sc2 = a.sc + m->cols / 32;
+    }
+    if (m->n <= CUDA_MATVEC_MAX) {
+        if (m->dtype == CUDA_BF16) gemv_aligned<CUDA_BF16>(m, a);
+        else if (m->dtype == CUDA_Q8) gemv_aligned<CUDA_Q8>(m, a);
+        else if (m->dtype == CUDA_F16) gemv_aligned<CUDA_F16>(m, a);
+        else gemv_aligned<CUDA_F32>(m, a);
+        cuda_note("matmul (gemv)");
+        return;
+    }
+    const dim3 g((m->rows + 63) / 64, (m->n + 63) / 64);
+    if (m->dtype == CUDA_Q8) {
+        gemm_q8_kernel<<<g, 128, 0, g_stream>>>(a);
+        cuda_note("matmul (q8, tensor cores)");
+        return;
+    }
+    /* the kernel the whole matrix's shape takes */
+    if (m->dtype == CUDA_BF16 && m->shape_rows % TC_BN == 0 && m->cols % TC_BK == 0) {
+        if (m->narrow) gemm_bf16x3_kernel<1><<<g, 128, 0, g_stream>>>(a);
+        else gemm_bf16x3_kernel<0><<<g, 128, 0, g_stream>>>(a);
+        cuda_note("matmul (tensor cores)");
+        return;
+    }
+    if (m->dtype == CUDA_BF16) gemm_kernel<CUDA_BF16><<<g, 256, 0, g_stream>>>(a);
+    else if (m->dtype == CUDA_F16) gemm_kernel<CUDA_F16><<<g, 256, 0, g_stream>>>(a);
+    else gemm_kernel<CUDA_F32><<<g, 256, 0, g_stream>>>(a);
+    cuda_note("matmul (tiled)");
 }
 
 extern "C" void cuda_matvec(float *d_y, const float *d_x, int xmode, const float *d_nw, float eps, const void *d_W,
                             int dtype, int rows, int cols, int n, int pair, int add) {
+    CudaMatmul m = {};
     const int out = pair ? rows / 2 : rows;
-    if (dtype == CUDA_BF16) gemv<CUDA_BF16>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
-    else if (dtype == CUDA_Q8) gemv<CUDA_Q8>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
-    else if (dtype == CUDA_F16) gemv<CUDA_F16>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
-    else gemv<CUDA_F32>(d_y, d_x, xmode, d_nw, eps, d_W, out, cols, n, pair, add);
-    cuda_note("matmul (gemv)");
+    m.y = d_y, m.x = d_x, m.xmode = xmode, m.nw = d_nw, m.eps = eps, m.w = d_W, m.dtype = dtype;
+    m.rows = out, m.cols = cols, m.n = n, m.pair = pair, m.add = add, m.ldy = out, m.ys = 1, m.shape_rows = rows;
+    /* a pair's rows interleave: gate i at 2i, up i at 2i + 1 */
+    m.ld = pair ? 2 * (size_t)cols : (size_t)cols;
+    if (pair) m.w2 = (const char *)d_W + (size_t)cols * (dtype == CUDA_F32 ? 4 : dtype == CUDA_Q8 ? 1 : 2);
+    cuda_matmul_run(&m);
 }
 
 extern "C" void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int dtype, int rows, int cols, int n,
@@ -449,19 +539,8 @@ extern "C" void cuda_matmul(float *d_y, const float *d_x, const void *d_W, int d
         cuda_matvec(d_y, d_x, 0, NULL, 0, d_W, dtype, rows, cols, n, 0, add);
         return;
     }
-    const dim3 g((rows + 63) / 64, (n + 63) / 64);
-    if (dtype == CUDA_Q8) {
-        gemm_q8_kernel<<<g, 128, 0, g_stream>>>(d_y, d_x, (const int8_t *)d_W, rows, cols, n, add);
-        cuda_note("matmul (q8, tensor cores)");
-        return;
-    }
-    if (dtype == CUDA_BF16 && rows % TC_BN == 0 && cols % TC_BK == 0) {
-        gemm_bf16x3_kernel<<<g, 128, 0, g_stream>>>(d_y, d_x, (const uint16_t *)d_W, rows, cols, n, add);
-        cuda_note("matmul (tensor cores)");
-        return;
-    }
-    if (dtype == CUDA_BF16) gemm_kernel<CUDA_BF16><<<g, 256, 0, g_stream>>>(d_y, d_x, d_W, rows, cols, n, add);
-    else if (dtype == CUDA_F16) gemm_kernel<CUDA_F16><<<g, 256, 0, g_stream>>>(d_y, d_x, d_W, rows, cols, n, add);
-    else gemm_kernel<CUDA_F32><<<g, 256, 0, g_stream>>>(d_y, d_x, d_W, rows, cols, n, add);
-    cuda_note("matmul (tiled)");
+    CudaMatmul m = {};
+    m.y = d_y, m.x = d_x, m.w = d_W, m.dtype = dtype, m.rows = rows, m.cols = cols, m.n = n, m.add = add;
+    m.ld = (size_t)cols, m.ldy = rows, m.ys = 1, m.shape_rows = rows;
+    cuda_matmul_run(&m);
 }

@@ -3,7 +3,11 @@
  * The weights go up once into one arena (each tensor 256-byte aligned) in
  * their stored dtype, or as the q8 blocks -wq q8 made of them at load
  * (kernels/cuda.h's CUDA_Q8: a matrix's codes, then its scales); norms as
- * the f32 vectors model_load made of them.
+ * the f32 vectors model_load made of them. Or, -wmem map (the default on
+ * a GPU that shares the system's memory), the matrices stay where the
+ * checkpoint's files are mapped and the kernels read them there, with the
+ * same sums as from a copy (DevW, matmul_dev); only the norms, and a
+ * matrix that cannot be read in place, go into the arena.
  * Scratch for GPU_BATCH tokens is allocated at open, so nothing is
  * allocated per step and a step can be captured as a graph. The order of
  * operations is model.c's, so that the CPU path is the reference for every
@@ -11,7 +15,9 @@
  *
  * A layer's q, k and v matrices sit one after the other, so that they are
  * one matmul; gate and up interleave row by row (gate i at 2i, up i at
- * 2i + 1), so that one matmul pass ends in the SwiGLU. A decode step
+ * 2i + 1), so that one matmul pass ends in the SwiGLU. Mapped, they are
+ * the checkpoint's tensors: q, k and v are three launches into one
+ * output, and gate and up two pointers of one launch. A decode step
  * (up to 8 tokens) also takes each RMSNorm into the matmul after it
  * (cuda_matvec): six launches a layer.
  *
@@ -116,11 +122,22 @@ int gpu_supports(const Config *c, const KVSpec *spec, char *err, size_t errlen) 
 
 #ifdef USE_CUDA
 
-/* A weight matrix in device memory. */
+/* A weight matrix [rows, cols] of dtype as the GPU reads it. Copied, one
+ * block of rows in the arena (a layer's q, k and v stacked; gate and up
+ * interleaved, gate i at row 2i). Mapped (-wmem map), rows read where the
+ * checkpoint holds them: parts d[0..parts) of part_rows rows each,
+ * stacked in that order (q, k, v); or, pair set, gate rows d[0] and up
+ * rows d[1], rows / 2 each, standing for the interleaved copy. narrow:
+ * some part is only 8-byte aligned (CudaMatmul). */
 typedef struct {
-    const void *d;
-    int dtype, rows, cols;
+    const void *d[3];
+    int part_rows[3], parts, pair;
+    int dtype, rows, cols, narrow;
 } DevW;
+
+static DevW dev_whole(const void *p, int dtype, int rows, int cols) {
+    return (DevW){.d = {p}, .part_rows = {rows}, .parts = 1, .dtype = dtype, .rows = rows, .cols = cols};
+}
 
 typedef struct {
     float *in_norm, *post_norm, *q_norm, *k_norm;
@@ -130,7 +147,7 @@ typedef struct {
 struct GpuModel {
     Config cfg;
     CudaInfo info;
-    char desc[320];
+    char desc[400];
     char *arena; /* every weight and norm */
     size_t arena_bytes, used;
     DevW embed, lm_head;
@@ -140,6 +157,13 @@ struct GpuModel {
     DevW mtp_fc;
     float *mtp_norm_emb, *mtp_norm_hid, *mtp_norm;
     DevLayer mtp_layer;
+    /* -wmem map: each checkpoint file's mapping as the GPU addresses it
+     * ([n_files], NULL where a file is not mapped), the host mappings
+     * cuda_host_map took, and the bytes of matrices read in place */
+    const void **fdev, **fhost;
+    size_t *fsize;
+    int n_files;
+    size_t mapped_bytes;
     double *inv_freq;
     float rope_mscale;
     /* scratch (above) */
@@ -174,6 +198,46 @@ static int dtype_code(DType t) {
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* Where the GPU reads w's rows in place (-wmem map): its address in a
+ * mapped checkpoint file; NULL where it must be copied (not mapping mode,
+ * q8 blocks made at load, a tensor the loader copied for alignment or
+ * made itself, or rows aligned to fewer than the 8 bytes the kernels'
+ * narrowest loads take). */
+static const void *mapped_at(const GpuModel *g, const Model *m, const Weight *w) {
+    if (!g->fdev || (w->dtype != DT_F32 && w->dtype != DT_F16 && w->dtype != DT_BF16) || (uintptr_t)w->data % 8)
+        return NULL;
+    const uintptr_t p = (uintptr_t)w->data;
+    const size_t bytes = (size_t)w->rows * w->cols * dtype_size(w->dtype);
+    for (int i = 0; i < g->n_files; i++) {
+        const STFile *f = &m->ts.files[i];
+        const uintptr_t base = (uintptr_t)f->map;
+        if (g->fdev[i] && p >= base && bytes <= f->size && p - base <= f->size - bytes)
+            return (const char *)g->fdev[i] + (p - base);
+    }
+    return NULL;
+}
+
+/* Whether the matrices one matmul reads (q, k, v; gate, up) are all read
+ * in place, of one dtype and width: else they are copied together. */
+static int all_mapped(const GpuModel *g, const Model *m, const Weight *const *w, int count) {
+    for (int i = 0; i < count; i++)
+        if (!mapped_at(g, m, w[i]) || w[i]->dtype != w[0]->dtype || w[i]->cols != w[0]->cols) return 0;
+    return 1;
+}
+
+/* The matrices w[0..count) read in place as the parts of one (pair: gate
+ * and up, the same shape). */
+static void map_parts(GpuModel *g, const Model *m, const Weight *const *w, int count, int pair, DevW *d) {
+    *d = (DevW){.parts = count, .pair = pair, .dtype = dtype_code(w[0]->dtype), .cols = w[0]->cols};
+    for (int i = 0; i < count; i++) {
+        d->d[i] = mapped_at(g, m, w[i]);
+        d->part_rows[i] = w[i]->rows;
+        d->rows += w[i]->rows;
+        d->narrow |= (uintptr_t)d->d[i] % 16 != 0;
+        g->mapped_bytes += (size_t)w[i]->rows * w[i]->cols * dtype_size(w[i]->dtype);
+    }
+}
+
 /* Bytes a weight takes in the arena; what cannot go up is refused in err. */
 static int weight_fits(const Weight *w, const char *name, size_t *total, char *err, size_t errlen) {
     if (w->dtype != DT_F32 && w->dtype != DT_F16 && w->dtype != DT_BF16 && w->dtype != DT_Q8) {
@@ -198,8 +262,12 @@ static void *arena_take(GpuModel *g, size_t bytes) {
 /* Matrices w[0..count) of one dtype and width, stacked as one [sum of
  * rows, cols] matrix in the arena (q8: the codes of all, then the scales
  * of all, as kernels/cuda.h lays out one matrix). */
-static int up_stacked(GpuModel *g, const Weight *const *w, int count, DevW *d, const char *name, char *err,
-                      size_t errlen) {
+static int up_stacked(GpuModel *g, const Model *m, const Weight *const *w, int count, DevW *d, const char *name,
+                      char *err, size_t errlen) {
+    if (all_mapped(g, m, w, count)) {
+        map_parts(g, m, w, count, 0, d);
+        return 0;
+    }
     int rows = 0;
     for (int i = 0; i < count; i++) {
         if (w[i]->dtype != w[0]->dtype || w[i]->cols != w[0]->cols) {
@@ -213,7 +281,7 @@ static int up_stacked(GpuModel *g, const Weight *const *w, int count, DevW *d, c
     const size_t rb = (size_t)cols * dtype_size(w[0]->dtype), sb = dt == CUDA_Q8 ? (size_t)cols / 32 * 4 : 0;
     char *p = arena_take(g, cuda_weight_bytes(dt, rows, cols));
     if (!p) { snprintf(err, errlen, "-dev cuda: %s: the weights outgrew the arena sized for them", name); return -1; }
-    *d = (DevW){p, dt, rows, cols};
+    *d = dev_whole(p, dt, rows, cols);
     char *scales = p + rows * rb;
     for (int i = 0; i < count; i++) {
         if (cuda_upload(p, w[i]->data, w[i]->rows * rb, name, err, errlen) ||
@@ -224,17 +292,23 @@ static int up_stacked(GpuModel *g, const Weight *const *w, int count, DevW *d, c
     return 0;
 }
 
-static int up_weight(GpuModel *g, const Weight *w, DevW *d, const char *name, char *err, size_t errlen) {
-    return up_stacked(g, &w, 1, d, name, err, errlen);
+static int up_weight(GpuModel *g, const Model *m, const Weight *w, DevW *d, const char *name, char *err,
+                     size_t errlen) {
+    return up_stacked(g, m, &w, 1, d, name, err, errlen);
 }
 
 /* Gate and up [I, H] each as one [2I, H] matrix, row 2i gate i, row
- * 2i + 1 up i, made on the host a layer at a time. */
-static int up_interleaved(GpuModel *g, const Weight *wg, const Weight *wu, DevW *d, const char *name, char *err,
-                          size_t errlen) {
+ * 2i + 1 up i, made on the host a layer at a time; or both read in
+ * place as a pair. */
+static int up_interleaved(GpuModel *g, const Model *m, const Weight *wg, const Weight *wu, DevW *d, const char *name,
+                          char *err, size_t errlen) {
     if (wg->dtype != wu->dtype || wg->rows != wu->rows || wg->cols != wu->cols) {
         snprintf(err, errlen, "-dev cuda: %s: gate_proj and up_proj differ in dtype or shape", name);
         return -1;
+    }
+    if (all_mapped(g, m, (const Weight *[]){wg, wu}, 2)) {
+        map_parts(g, m, (const Weight *[]){wg, wu}, 2, 1, d);
+        return 0;
     }
     const int dt = dtype_code(wg->dtype);
     /* bytes of a row's codes (or values) and of its scales (q8) */
@@ -255,7 +329,7 @@ static int up_interleaved(GpuModel *g, const Weight *wg, const Weight *wu, DevW 
     int rc = -1;
     if (!p) snprintf(err, errlen, "-dev cuda: %s: the weights outgrew the arena sized for them", name);
     else {
-        *d = (DevW){p, dt, 2 * wg->rows, wg->cols};
+        *d = dev_whole(p, dt, 2 * wg->rows, wg->cols);
         rc = cuda_upload(p, h, bytes, name, err, errlen);
     }
     free(h);
@@ -268,25 +342,33 @@ static int up_vec(GpuModel *g, const float *v, int n, float **d, const char *nam
     return cuda_upload(*d, v, (size_t)n * sizeof(float), name, err, errlen);
 }
 
-static int layer_bytes(const Config *c, const Layer *L, const char *name, size_t *total, char *err, size_t errlen) {
+/* The arena bytes of layer L: what is not read in place (mapped_at). */
+static int layer_bytes(const GpuModel *g, const Model *m, const Layer *L, const char *name, size_t *total, char *err,
+                       size_t errlen) {
+    const Config *c = &g->cfg;
     const Weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+    /* matrices read together are read in place together or not at all */
+    const int qkv = all_mapped(g, m, w, 3), gu = all_mapped(g, m, w + 4, 2);
     for (int i = 0; i < 7; i++)
-        if (weight_fits(w[i], name, total, err, errlen)) return -1;
+        if (!(i < 3 ? qkv : i == 4 || i == 5 ? gu : mapped_at(g, m, w[i]) != NULL) &&
+            weight_fits(w[i], name, total, err, errlen))
+            return -1;
     /* plus the alignment the stacks do not need: an upper bound */
     *total += 2 * align256((size_t)c->hidden * 4) + 2 * align256((size_t)c->head_dim * 4);
     return 0;
 }
 
-static int up_layer(GpuModel *g, const Layer *L, DevLayer *d, const char *name, char *err, size_t errlen) {
+static int up_layer(GpuModel *g, const Model *m, const Layer *L, DevLayer *d, const char *name, char *err,
+                    size_t errlen) {
     const Config *c = &g->cfg;
     return up_vec(g, L->in_norm, c->hidden, &d->in_norm, name, err, errlen) ||
            up_vec(g, L->post_norm, c->hidden, &d->post_norm, name, err, errlen) ||
            up_vec(g, L->q_norm, c->head_dim, &d->q_norm, name, err, errlen) ||
            up_vec(g, L->k_norm, c->head_dim, &d->k_norm, name, err, errlen) ||
-           up_stacked(g, (const Weight *[]){&L->wq, &L->wk, &L->wv}, 3, &d->wqkv, name, err, errlen) ||
-           up_weight(g, &L->wo, &d->wo, name, err, errlen) ||
-           up_interleaved(g, &L->wg, &L->wu, &d->wgu, name, err, errlen) ||
-           up_weight(g, &L->wd, &d->wd, name, err, errlen);
+           up_stacked(g, m, (const Weight *[]){&L->wq, &L->wk, &L->wv}, 3, &d->wqkv, name, err, errlen) ||
+           up_weight(g, m, &L->wo, &d->wo, name, err, errlen) ||
+           up_interleaved(g, m, &L->wg, &L->wu, &d->wgu, name, err, errlen) ||
+           up_weight(g, m, &L->wd, &d->wd, name, err, errlen);
 }
 
 /* cos/sin for positions [0, max_pos), as model.c's rope_tables makes them,
@@ -360,12 +442,32 @@ static int open_common(GpuModel *g, char *err, size_t errlen) {
         snprintf(err, errlen, "CUDA: clearing the attention scratch failed");
         return -1;
     }
-    snprintf(g->desc, sizeof g->desc, "%s (sm_%d%d, %d SMs, %.1f GB)", g->info.name, g->info.cc_major,
-             g->info.cc_minor, g->info.sm_count, g->info.mem_total / 1e9);
+    snprintf(g->desc, sizeof g->desc,
+             "%s (sm_%d%d, %d SMs, %.1f GB; integrated %d, pageable %d, host page tables %d, read-only register %d)",
+             g->info.name, g->info.cc_major, g->info.cc_minor, g->info.sm_count, g->info.mem_total / 1e9,
+             g->info.integrated, g->info.pageable, g->info.host_tables, g->info.ro_register);
     return rope_upload(g, err, errlen);
 }
 
-int gpu_model_open(GpuModel **out, const Model *m, char *err, size_t errlen) {
+/* -wmem map: every checkpoint file's mapping where the GPU reads it
+ * (cuda_host_map). A file the loader copied into memory (not the GPU
+ * path's MODEL_MAPPED) stays unmapped: its tensors are copied. */
+static int map_files(GpuModel *g, const Model *m, char *err, size_t errlen) {
+    g->n_files = m->ts.n_files;
+    g->fdev = calloc((size_t)g->n_files + 1, sizeof *g->fdev);
+    g->fhost = calloc((size_t)g->n_files + 1, sizeof *g->fhost);
+    g->fsize = calloc((size_t)g->n_files + 1, sizeof *g->fsize);
+    if (!g->fdev || !g->fhost || !g->fsize) { snprintf(err, errlen, "out of memory"); return -1; }
+    for (int i = 0; i < g->n_files; i++) {
+        const STFile *f = &m->ts.files[i];
+        if (f->region) continue;
+        if (!(g->fdev[i] = cuda_host_map(f->map, f->size, err, errlen))) return -1;
+        g->fhost[i] = f->map, g->fsize[i] = f->size;
+    }
+    return 0;
+}
+
+int gpu_model_open(GpuModel **out, const Model *m, int wmem, char *err, size_t errlen) {
     *out = NULL;
     if (gpu_supports(&m->cfg, NULL, err, errlen)) return -1;
     GpuModel *g = calloc(1, sizeof *g);
@@ -378,36 +480,39 @@ int gpu_model_open(GpuModel **out, const Model *m, char *err, size_t errlen) {
     memcpy(g->inv_freq, m->inv_freq, (size_t)(c->rot_dim / 2) * sizeof(double));
     g->rope_mscale = m->rope_mscale;
     if (open_common(g, err, errlen)) goto fail;
+    if ((wmem == GPU_WMEM_MAP || (wmem == GPU_WMEM_AUTO && g->info.integrated && g->info.pageable)) &&
+        map_files(g, m, err, errlen))
+        goto fail;
     /* sizes first, so that a model too big is one line before any copy */
     size_t total = 0;
     const int tied = m->lm_head.data == m->embed.data;
-    if (weight_fits(&m->embed, "embed_tokens.weight", &total, err, errlen) ||
-        (!tied && weight_fits(&m->lm_head, "lm_head.weight", &total, err, errlen)))
+    if ((!mapped_at(g, m, &m->embed) && weight_fits(&m->embed, "embed_tokens.weight", &total, err, errlen)) ||
+        (!tied && !mapped_at(g, m, &m->lm_head) && weight_fits(&m->lm_head, "lm_head.weight", &total, err, errlen)))
         goto fail;
     total += align256((size_t)c->hidden * 4);
     for (int l = 0; l < c->n_layers; l++) {
         char what[64];
         snprintf(what, sizeof what, "a matrix of layer %d", l);
-        if (layer_bytes(c, &m->layers[l], what, &total, err, errlen)) goto fail;
+        if (layer_bytes(g, m, &m->layers[l], what, &total, err, errlen)) goto fail;
     }
     g->has_mtp = m->has_mtp;
-    if (g->has_mtp && (layer_bytes(c, &m->mtp_layer, "the MTP layer", &total, err, errlen) ||
-                       weight_fits(&m->mtp_fc, "mtp.fc.weight", &total, err, errlen)))
+    if (g->has_mtp && (layer_bytes(g, m, &m->mtp_layer, "the MTP layer", &total, err, errlen) ||
+                       (!mapped_at(g, m, &m->mtp_fc) && weight_fits(&m->mtp_fc, "mtp.fc.weight", &total, err, errlen))))
         goto fail;
     total += 3 * align256((size_t)c->hidden * 4);
     if (!(g->arena = cuda_alloc(total, "the weights", err, errlen))) goto fail;
     g->arena_bytes = total;
     char name[96];
-    if (up_weight(g, &m->embed, &g->embed, "embed_tokens.weight", err, errlen)) goto fail;
+    if (up_weight(g, m, &m->embed, &g->embed, "embed_tokens.weight", err, errlen)) goto fail;
     if (tied) g->lm_head = g->embed;
-    else if (up_weight(g, &m->lm_head, &g->lm_head, "lm_head.weight", err, errlen)) goto fail;
+    else if (up_weight(g, m, &m->lm_head, &g->lm_head, "lm_head.weight", err, errlen)) goto fail;
     if (up_vec(g, m->final_norm, c->hidden, &g->final_norm, "norm.weight", err, errlen)) goto fail;
     for (int l = 0; l < c->n_layers; l++) {
         snprintf(name, sizeof name, "layer %d's weights", l);
-        if (up_layer(g, &m->layers[l], &g->layers[l], name, err, errlen)) goto fail;
+        if (up_layer(g, m, &m->layers[l], &g->layers[l], name, err, errlen)) goto fail;
     }
-    if (g->has_mtp && (up_layer(g, &m->mtp_layer, &g->mtp_layer, "the MTP layer", err, errlen) ||
-                       up_weight(g, &m->mtp_fc, &g->mtp_fc, "mtp.fc.weight", err, errlen) ||
+    if (g->has_mtp && (up_layer(g, m, &m->mtp_layer, &g->mtp_layer, "the MTP layer", err, errlen) ||
+                       up_weight(g, m, &m->mtp_fc, &g->mtp_fc, "mtp.fc.weight", err, errlen) ||
                        up_vec(g, m->mtp_norm_emb, c->hidden, &g->mtp_norm_emb, "mtp.pre_fc_norm_embedding", err,
                               errlen) ||
                        up_vec(g, m->mtp_norm_hid, c->hidden, &g->mtp_norm_hid, "mtp.pre_fc_norm_hidden", err,
@@ -449,17 +554,17 @@ int gpu_model_random(GpuModel **out, const Config *c, int q8, unsigned long long
     unsigned long long s = seed;
 #define RAND_W(dw, r, cl)                                                                                              \
     do {                                                                                                               \
-        (dw) = (DevW){arena_take(g, cuda_weight_bytes(dt, (int)(r), (int)(cl))), dt, (int)(r), (int)(cl)};           \
-        if (dt == CUDA_Q8) cuda_fill_random_q8((void *)(dw).d, (int)(r), (int)(cl), s++, 1.0f / sqrtf((float)(cl)));   \
-        else cuda_fill_random((void *)(dw).d, (size_t)(r) * (cl), s++, 1.0f / sqrtf((float)(cl)));                    \
+        (dw) = dev_whole(arena_take(g, cuda_weight_bytes(dt, (int)(r), (int)(cl))), dt, (int)(r), (int)(cl));        \
+        if (dt == CUDA_Q8) cuda_fill_random_q8((void *)(dw).d[0], (int)(r), (int)(cl), s++, 1.0f / sqrtf((float)(cl))); \
+        else cuda_fill_random((void *)(dw).d[0], (size_t)(r) * (cl), s++, 1.0f / sqrtf((float)(cl)));                 \
     } while (0)
 #define ONES(dv, count)                                                                                                \
     do {                                                                                                               \
         (dv) = arena_take(g, (size_t)(count) * 4);                                                                     \
         cuda_fill_ones((dv), (size_t)(count));                                                                         \
     } while (0)
-    g->embed = (DevW){arena_take(g, V * H * 2), CUDA_BF16, (int)V, (int)H};
-    cuda_fill_random((void *)g->embed.d, V * H, s++, 1.0f / sqrtf((float)H));
+    g->embed = dev_whole(arena_take(g, V * H * 2), CUDA_BF16, (int)V, (int)H);
+    cuda_fill_random((void *)g->embed.d[0], V * H, s++, 1.0f / sqrtf((float)H));
     /* -wq q8 converts a tied lm_head to a matrix of its own */
     if (c->tie_embeddings && !q8) g->lm_head = g->embed;
     else RAND_W(g->lm_head, V, H);
@@ -487,6 +592,13 @@ fail:
 
 void gpu_model_free(GpuModel *g) {
     if (!g) return;
+    /* nothing in flight may still read a mapping about to go */
+    char err[256];
+    if (g->fhost) cuda_sync("closing the model", err, sizeof err);
+    for (int i = 0; g->fhost && i < g->n_files; i++) cuda_host_unmap(g->fhost[i], g->fsize[i]);
+    free(g->fdev);
+    free(g->fhost);
+    free(g->fsize);
     cuda_free(g->arena);
     cuda_free(g->x);
     cuda_free(g->cs);
@@ -498,6 +610,7 @@ void gpu_model_free(GpuModel *g) {
 
 const char *gpu_model_device(const GpuModel *g) { return g->desc; }
 size_t gpu_model_bytes(const GpuModel *g) { return g->arena_bytes; }
+size_t gpu_model_mapped_bytes(const GpuModel *g) { return g->mapped_bytes; }
 size_t gpu_model_mem(const GpuModel *g) { return g->info.mem_total; }
 
 void gpu_model_set_graphs(GpuModel *g, int on) { g->graphs = on; }
@@ -591,10 +704,34 @@ int gpu_kv_fill_random(KVCache *kv, int n, unsigned long long seed, char *err, s
     return cuda_sync("filling the cache", err, errlen);
 }
 
-/* y (+)= x W^T for a device matrix. */
-static void mm(float *y, const float *x, const DevW *w, int n, int add) {
-    cuda_matmul(y, x, w->d, w->dtype, w->rows, w->cols, n, add);
+/* y (+)= x W^T over n rows of x, W as the GPU reads it: one launch for a
+ * copy; where it is mapped a launch a part, q, k and v into their columns
+ * of y, gate and up into alternate ones (where the interleaved copy puts
+ * them), each part's sums the whole matrix's (CudaMatmul). Decode only
+ * (n <= CUDA_MATVEC_MAX): nw RMSNorms each row of x first, and swiglu
+ * makes y [n, rows / 2] = silu(gate) * up in the same pass. */
+static void matmul_dev(float *y, const float *x, const DevW *w, int n, int add, const float *nw, float eps,
+                       int swiglu) {
+    const size_t es = w->dtype == CUDA_F32 ? 4 : w->dtype == CUDA_Q8 ? 1 : 2;
+    CudaMatmul c = {.x = x, .dtype = w->dtype, .cols = w->cols, .n = n, .add = add, .narrow = w->narrow,
+                    .shape_rows = w->rows, .xmode = nw != NULL, .nw = nw, .eps = eps};
+    if (swiglu) {
+        /* a copy's gate and up rows interleave; mapped, they are two tensors */
+        c.y = y, c.pair = 1, c.rows = c.ldy = w->rows / 2, c.ys = 1, c.w = w->d[0];
+        c.w2 = w->pair ? w->d[1] : (const char *)w->d[0] + (size_t)w->cols * es;
+        c.ld = w->pair ? (size_t)w->cols : 2 * (size_t)w->cols;
+        cuda_matmul_run(&c);
+        return;
+    }
+    c.ld = (size_t)w->cols, c.ldy = w->rows, c.ys = w->pair ? 2 : 1;
+    for (int p = 0, r0 = 0; p < w->parts; r0 += w->part_rows[p++]) {
+        c.w = w->d[p], c.rows = w->part_rows[p];
+        c.y = w->pair ? y + p : y + r0;
+        cuda_matmul_run(&c);
+    }
 }
+
+static void mm(float *y, const float *x, const DevW *w, int n, int add) { matmul_dev(y, x, w, n, add, NULL, 0, 0); }
 
 /* The coded caches' store of n tokens' keys k (roped in place by
  * cuda_qk_rope_store, which stores the other formats itself) and values
@@ -619,7 +756,7 @@ static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, i
     char *kc = d->k + d->layer_bytes * cl, *vc = d->v + d->layer_bytes * cl;
     /* decode: each RMSNorm and the SwiGLU inside a matmul's pass */
     const int fused = n <= CUDA_MATVEC_MAX;
-    if (fused) cuda_matvec(g->qkv, g->x, 1, L->in_norm, eps, L->wqkv.d, L->wqkv.dtype, L->wqkv.rows, H, n, 0, 0);
+    if (fused) matmul_dev(g->qkv, g->x, &L->wqkv, n, 0, L->in_norm, eps, 0);
     else {
         cuda_rmsnorm(g->xb, H, g->x, H, L->in_norm, n, H, eps);
         mm(g->qkv, g->xb, &L->wqkv, n, 0);
@@ -630,7 +767,7 @@ static void layer_run(GpuModel *g, const DevLayer *L, GpuKV *d, int cl, int n, i
     cuda_attention(g->att, g->qkv, ld, kc, vc, d->fmt, layer_rot(d, cl), g->pos, n, nh, nkv, hd, d->cap,
                    1.0f / sqrtf((float)hd), g->part, g->count, splits);
     mm(g->x, g->att, &L->wo, n, 1);
-    if (fused) cuda_matvec(g->hb, g->x, 1, L->post_norm, eps, L->wgu.d, L->wgu.dtype, L->wgu.rows, H, n, 1, 0);
+    if (fused) matmul_dev(g->hb, g->x, &L->wgu, n, 0, L->post_norm, eps, 1);
     else {
         cuda_rmsnorm(g->xb, H, g->x, H, L->post_norm, n, H, eps);
         mm(g->gu, g->xb, &L->wgu, n, 0);
@@ -659,7 +796,7 @@ static void forward_dev(GpuModel *g, GpuKV *d, int n, int lg_rows, int splits) {
     const Config *c = &g->cfg;
     const int H = c->hidden;
     const size_t qd = (size_t)c->n_heads * c->head_dim, ld = qd + 2 * (size_t)c->n_kv_heads * c->head_dim;
-    cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, n, H);
+    cuda_embed(g->x, g->embed.d[0], g->embed.dtype, g->tokens, n, H);
     for (int l = 0; l < c->n_layers; l++) {
         layer_run(g, &g->layers[l], d, l, n, splits);
         /* the queries stay in g->qkv until the next layer's projection */
@@ -725,7 +862,7 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
     if (cuda_upload(g->tokens, &tok, sizeof tok, "token ids", err, errlen) ||
         cuda_upload(g->pos, &pos, sizeof pos, "the position", err, errlen))
         return -1;
-    cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, 1, H);
+    cuda_embed(g->x, g->embed.d[0], g->embed.dtype, g->tokens, 1, H);
     /* each op alone, reps times back to back, on layer 0's weights */
     for (int op = 0; op < 8; op++) {
         static const char *const names[] = {"rmsnorm + matmul q|k|v", "q/k norm + rope + store", "attention",
@@ -734,8 +871,7 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
         cuda_timer_start();
         for (int r = 0; r < reps; r++) {
             switch (op) {
-            case 0: cuda_matvec(g->qkv, g->x, 1, L->in_norm, eps, L->wqkv.d, L->wqkv.dtype, L->wqkv.rows, H, 1, 0, 0);
-                break;
+            case 0: matmul_dev(g->qkv, g->x, &L->wqkv, 1, 0, L->in_norm, eps, 0); break;
             case 1: /* (over polar4 each repetition rotates the queries again: the times are the same) */
                 cuda_qk_rope_store(g->qkv, g->qkv + qd, g->qkv + qd + nkv * hd, ld, L->q_norm, L->k_norm, g->cs, g->sn,
                                    d->k, d->v, d->fmt, g->pos, 1, nh, nkv, hd, c->rot_dim, d->cap, eps);
@@ -746,8 +882,7 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
                                1.0f / sqrtf((float)hd), g->part, g->count, splits);
                 break;
             case 3: mm(g->x, g->att, &L->wo, 1, 1); break;
-            case 4: cuda_matvec(g->hb, g->x, 1, L->post_norm, eps, L->wgu.d, L->wgu.dtype, L->wgu.rows, H, 1, 1, 0);
-                break;
+            case 4: matmul_dev(g->hb, g->x, &L->wgu, 1, 0, L->post_norm, eps, 1); break;
             case 5: mm(g->x, g->hb, &L->wd, 1, 1); break;
             case 6: mm(g->logits, g->xb, &g->lm_head, 1, 0); break;
             default:
@@ -862,7 +997,7 @@ int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *t
             cuda_upload(g->xb, hidden + (size_t)off * H, (size_t)nb * H * 4, "the hidden states", err, errlen))
             return -1;
         /* cat [nb, 2H] = [RMSNorm(E[t_i]) | RMSNorm(h_i)], embedding half first */
-        cuda_embed(g->x, g->embed.d, g->embed.dtype, g->tokens, nb, H);
+        cuda_embed(g->x, g->embed.d[0], g->embed.dtype, g->tokens, nb, H);
         cuda_rmsnorm(g->cat, 2 * H, g->x, H, g->mtp_norm_emb, nb, H, eps);
         cuda_rmsnorm(g->cat + H, 2 * H, g->xb, H, g->mtp_norm_hid, nb, H, eps);
         mm(g->x, g->cat, &g->mtp_fc, nb, 0);
@@ -926,7 +1061,8 @@ static int no_cuda(char *err, size_t errlen) {
     CudaInfo info;
     return cuda_open(&info, err, errlen);
 }
-int gpu_model_open(GpuModel **g, const Model *m, char *err, size_t errlen) {
+int gpu_model_open(GpuModel **g, const Model *m, int wmem, char *err, size_t errlen) {
+    (void)wmem;
     *g = NULL;
     return gpu_supports(&m->cfg, NULL, err, errlen) ? -1 : no_cuda(err, errlen);
 }
@@ -947,6 +1083,7 @@ int gpu_profile(GpuModel *g, KVCache *kv, int reps, FILE *out, char *err, size_t
 }
 const char *gpu_model_device(const GpuModel *g) { (void)g; return "none"; }
 size_t gpu_model_bytes(const GpuModel *g) { (void)g; return 0; }
+size_t gpu_model_mapped_bytes(const GpuModel *g) { (void)g; return 0; }
 size_t gpu_model_mem(const GpuModel *g) { (void)g; return 0; }
 int gpu_kv_init(GpuModel *g, KVCache *kv, const KVSpec *spec, int ctx, int mtp, char *err, size_t errlen) {
     (void)g, (void)kv, (void)spec, (void)ctx, (void)mtp;

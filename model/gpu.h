@@ -2,7 +2,8 @@
  *
  * Data flow: run.c loads the model as for the CPU (weights mapped, not
  * relaid), then model_to_gpu (model.h) uploads every weight once into one
- * device arena in its stored dtype; from then on model_forward,
+ * device arena in its stored dtype, or leaves the matrices where the
+ * files are mapped for the GPU to read there (-wmem); from then on model_forward,
  * model_mtp_forward and model_kv_init come here. Per step only token ids
  * and the position go up, and the logits (or hidden states) a caller asks
  * for come down. The KV cache lives in device memory (f32 or f16 rows, q8 tiles,
@@ -41,17 +42,31 @@ int gpu_supports_kv(const KVSpec *spec, char *err, size_t errlen);
 /* The CUDA_KV_* format (kernels/cuda.h) of a scheme's name, -1 for one the
  * GPU does not take. */
 int gpu_kv_fmt(const char *name);
-/* Opens the device and uploads m's weights (and its MTP module's). */
-int gpu_model_open(GpuModel **g, const Model *m, char *err, size_t errlen);
+/* Where the matrices live (-wmem): read in place from the checkpoint's
+ * mapping (MAP), or uploaded once into device memory (COPY); AUTO maps on
+ * a GPU that shares the system's memory and reads pageable memory (GB10,
+ * Thor), and copies elsewhere: into HBM on a GH200, whose GPU would read
+ * a mapping over NVLink-C2C at a tenth of its HBM's bandwidth, and on a
+ * discrete card, whose GPU would read it over PCIe. */
+enum { GPU_WMEM_AUTO, GPU_WMEM_MAP, GPU_WMEM_COPY };
+/* Opens the device and puts m's weights (and its MTP module's) where wmem
+ * says. Mapped, a matrix's rows are read where the checkpoint holds them
+ * and give the same bits as a copy; one that cannot be (-wq q8 blocks, a
+ * tensor the loader copied or aligned to fewer than 8 bytes) is copied,
+ * as are the norms (f32 vectors the loader made). */
+int gpu_model_open(GpuModel **g, const Model *m, int wmem, char *err, size_t errlen);
 /* The shape of c with random bf16 weights made on the device (benchmarks:
  * no checkpoint needed), or q8 ones (q8 1: every matrix but the
  * embedding, as -wq q8 makes them); RoPE uses the plain theta frequencies. */
 int gpu_model_random(GpuModel **g, const Config *c, int q8, unsigned long long seed, char *err, size_t errlen);
 void gpu_model_free(GpuModel *g);
-/* "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GB)", and the bytes the
- * weights take there. */
+/* "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GB; integrated 0,
+ * pageable 1, host page tables 0, read-only register 1)": the attributes
+ * -wmem reads; the bytes the weights take in device
+ * memory, and the bytes read where the checkpoint is mapped (-wmem). */
 const char *gpu_model_device(const GpuModel *g);
 size_t gpu_model_bytes(const GpuModel *g);
+size_t gpu_model_mapped_bytes(const GpuModel *g);
 /* The device's memory in bytes. */
 size_t gpu_model_mem(const GpuModel *g);
 

@@ -593,7 +593,9 @@ size_t model_weight_bytes(const Model *m) {
     return b;
 }
 
-int model_to_gpu(Model *m, char *err, size_t errlen) { return gpu_model_open(&m->gpu, m, err, errlen); }
+int model_to_gpu(Model *m, int wmem, char *err, size_t errlen) {
+    return gpu_model_open(&m->gpu, m, wmem, err, errlen);
+}
 
 int model_samples_on_device(const Model *m) { return m->gpu && gpu_can_sample(m->gpu); }
 

@@ -131,12 +131,12 @@ int model_quantize(Model *m, int part, char *err, size_t errlen);
 size_t model_weight_bytes(const Model *m);
 void model_free(Model *m);
 /* Moves the forward to the CUDA GPU (model/gpu.h): uploads the weights
- * once, after which model_forward, model_mtp_forward and model_kv_init
- * run there. The model must be loaded with MODEL_MAPPED (weights in their
- * stored layout), its matrices as stored or made q8 by model_quantize's
- * MODEL_MAIN. 0 ok, -1 with one line in err (no device, a model or a
+ * once, or reads them where they are mapped (wmem: GPU_WMEM_*), after
+ * which model_forward, model_mtp_forward and model_kv_init run there. The
+ * model must be loaded with MODEL_MAPPED (weights in their stored layout),
+ * its matrices as stored or made q8 by model_quantize's MODEL_MAIN. 0 ok, -1 with one line in err (no device, a model or a
  * build it cannot run on, or out of GPU memory). */
-int model_to_gpu(Model *m, char *err, size_t errlen);
+int model_to_gpu(Model *m, int wmem, char *err, size_t errlen);
 /* Whether model_sample can draw this model's tokens where its logits are
  * (on the GPU, a vocabulary of at most 2^18); else the caller asks
  * model_forward for the logits and calls sampler_sample. */

@@ -281,6 +281,85 @@ Test(cuda, matvec_fusions_equal_their_parts) {
             }
 }
 
+/* A device buffer holding bytes at 8 bytes past its start (so 8 bytes
+ * past a 256-byte boundary, the alignment that takes the 8-byte loads). */
+static char *up_at8(const void *h, size_t bytes) {
+    char err[256], *d = up(NULL, bytes + 8);
+    cr_assert_eq(cuda_upload(d + 8, h, bytes, "test data", err, sizeof err), 0, "%s", err);
+    return d;
+}
+
+/* cuda_matmul_run over parts of a matrix, each in its own buffer 8 bytes
+ * off (how model/gpu.c reads a checkpoint where it is mapped, -wmem map),
+ * gives one launch's bits over the whole: stacked parts of 512 + 1024 rows
+ * (the whole takes 4 warps a row, a 512-row matrix alone 8) and 96 + 32
+ * (the whole on the tensor cores, the parts' last tiles short), plain and
+ * with the RMSNorm inside; and the same rows as gate (even) and up (odd)
+ * tensors, a pair: decode's one pass ending in the SwiGLU, prefill's two
+ * launches into alternate columns. bf16, f16 and f32; 1, 5 and 100 tokens. */
+Test(cuda, matmul_parts_give_the_wholes_bits) {
+    need_gpu();
+    const DType types[] = {DT_BF16, DT_F16, DT_F32};
+    const int codes[] = {CUDA_BF16, CUDA_F16, CUDA_F32}, ns[] = {1, 5, 100}, C = 1024;
+    const int splits[2][2] = {{512, 1024}, {96, 32}};
+    for (int t = 0; t < 3; t++)
+        for (int sp = 0; sp < 2; sp++)
+            for (int k = 0; k < 3; k++) {
+                const int R = splits[sp][0] + splits[sp][1], I = R / 2, n = ns[k], dt = codes[t];
+                const size_t es = dtype_size(types[t]), row = (size_t)C * es, out = (size_t)n * R * 4;
+                Weight w;
+                char *hw = rand_weight(&w, types[t], R, C), *hg = malloc((size_t)I * row), *hu = malloc((size_t)I * row);
+                float *x = malloc((size_t)n * C * 4), *nw = malloc(C * 4), *a = malloc(out), *b = malloc(out);
+                cr_assert(hg && hu && x && nw && a && b);
+                fill(x, n * C), fill(nw, C);
+                for (int i = 0; i < I; i++) {
+                    memcpy(hg + (size_t)i * row, hw + (size_t)(2 * i) * row, row);
+                    memcpy(hu + (size_t)i * row, hw + (size_t)(2 * i + 1) * row, row);
+                }
+                char *dw = up(hw, (size_t)R * row), *dp[2], *dg = up_at8(hg, (size_t)I * row),
+                     *du = up_at8(hu, (size_t)I * row);
+                dp[0] = up_at8(hw, (size_t)splits[sp][0] * row);
+                dp[1] = up_at8(hw + (size_t)splits[sp][0] * row, (size_t)splits[sp][1] * row);
+                float *dx = up(x, (size_t)n * C * 4), *dnw = up(nw, C * 4), *dy1 = up(NULL, out), *dy2 = up(NULL, out);
+                for (int xm = 0; xm <= (n <= CUDA_MATVEC_MAX); xm++) {
+                    if (xm) cuda_matvec(dy1, dx, 1, dnw, 1e-6f, dw, dt, R, C, n, 0, 0);
+                    else cuda_matmul(dy1, dx, dw, dt, R, C, n, 0);
+                    CudaMatmul c = {.x = dx, .ld = (size_t)C, .dtype = dt, .cols = C, .n = n, .ldy = R, .ys = 1,
+                                    .shape_rows = R, .narrow = 1, .xmode = xm, .nw = dnw, .eps = 1e-6f};
+                    for (int p = 0, r0 = 0; p < 2; r0 += splits[sp][p++]) {
+                        c.w = dp[p] + 8, c.rows = splits[sp][p], c.y = dy2 + r0;
+                        cuda_matmul_run(&c);
+                    }
+                    down(a, dy1, out), down(b, dy2, out);
+                    cr_expect(memcmp(a, b, out) == 0, "dtype %d, %d + %d rows, n %d%s: the parts differ from the "
+                              "whole", t, splits[sp][0], splits[sp][1], n, xm ? ", RMSNorm inside" : "");
+                }
+                CudaMatmul c = {.x = dx, .ld = (size_t)C, .dtype = dt, .cols = C, .n = n, .shape_rows = R,
+                                .narrow = 1};
+                size_t bytes = out;
+                if (n <= CUDA_MATVEC_MAX) {
+                    cuda_matvec(dy1, dx, 1, dnw, 1e-6f, dw, dt, R, C, n, 1, 0);
+                    c.y = dy2, c.w = dg + 8, c.w2 = du + 8, c.rows = c.ldy = I, c.ys = 1, c.pair = 1;
+                    c.xmode = 1, c.nw = dnw, c.eps = 1e-6f;
+                    cuda_matmul_run(&c);
+                    bytes = (size_t)n * I * 4;
+                } else {
+                    cuda_matmul(dy1, dx, dw, dt, R, C, n, 0);
+                    c.rows = I, c.ldy = R, c.ys = 2;
+                    c.y = dy2, c.w = dg + 8;
+                    cuda_matmul_run(&c);
+                    c.y = dy2 + 1, c.w = du + 8;
+                    cuda_matmul_run(&c);
+                }
+                down(a, dy1, bytes), down(b, dy2, bytes);
+                cr_expect(memcmp(a, b, bytes) == 0, "dtype %d, gate and up of %d rows, n %d: the pair differs from "
+                          "the interleaved matrix", t, I, n);
+                cuda_free(dw), cuda_free(dp[0]), cuda_free(dp[1]), cuda_free(dg), cuda_free(du), cuda_free(dx);
+                cuda_free(dnw), cuda_free(dy1), cuda_free(dy2);
+                free(hw), free(hg), free(hu), free(x), free(nw), free(a), free(b);
+            }
+}
+
 Test(cuda, row_ops_match_the_c_ones) {
     need_gpu();
     const int n = 7, H = 1000;
@@ -772,7 +851,7 @@ static int open_shipped(Model *m, KVCache *kv, KVCache *mkv, const char *scheme,
     KVSpec spec;
     char err[512];
     cr_assert_eq(model_load(m, "models/qwen3-kjv-mtp", MODEL_MAPPED, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(model_to_gpu(m, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_to_gpu(m, GPU_WMEM_AUTO, err, sizeof err), 0, "%s", err);
     cr_assert_eq(kv_spec_parse(scheme, &spec, err, sizeof err), 0, "%s", err);
     cr_assert_eq(model_kv_init(m, kv, &spec, 512, 0, err, sizeof err), 0, "%s", err);
     if (mkv) cr_assert_eq(model_kv_init(m, mkv, &spec, 512, 1, err, sizeof err), 0, "%s", err);
@@ -855,7 +934,7 @@ Test(cuda, q8_weights_match_the_cpu, .timeout = 120) {
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(model_load(ms[i], "models/qwen3-kjv-mtp", MODEL_MAPPED, err, sizeof err), 0, "%s", err);
         cr_assert_eq(model_quantize(ms[i], MODEL_MAIN, err, sizeof err), 0, "%s", err);
-        if (i) cr_assert_eq(model_to_gpu(ms[i], err, sizeof err), 0, "%s", err);
+        if (i) cr_assert_eq(model_to_gpu(ms[i], GPU_WMEM_AUTO, err, sizeof err), 0, "%s", err);
         cr_assert_eq(model_kv_init(ms[i], ks[i], &spec, 512, 0, err, sizeof err), 0, "%s", err);
     }
     const int n = read_tokens("tests/data/golden/qwen3-kjv-mtp/tokens.txt", ids, 1024), V = cm.cfg.vocab_size;
@@ -878,6 +957,113 @@ Test(cuda, q8_weights_match_the_cpu, .timeout = 120) {
     free(c), free(g), free(step);
     kv_cache_free(&ck), kv_cache_free(&gk);
     model_free(&cm), model_free(&gm);
+}
+
+/* The shipped model's folder at dir, its model.safetensors with pad more
+ * bytes of header (spaces after the JSON, as writers pad it), which moves
+ * every tensor pad bytes on. */
+static const char *const shipped_files[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                            "tokenizer_config.json", "model.safetensors"};
+static void padded_copy(const char *dir, int pad) {
+    const char *const *names = shipped_files;
+    for (int i = 0; i < 5; i++) {
+        char from[256], to[512];
+        snprintf(from, sizeof from, "models/qwen3-kjv-mtp/%s", names[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, names[i]);
+        size_t n = 0;
+        unsigned char *b = (unsigned char *)slurp(from, &n);
+        cr_assert(b && n > 8, "reading %s", from);
+        FILE *f = fopen(to, "wb");
+        cr_assert(f, "writing %s", to);
+        if (i < 4) fwrite(b, 1, n, f);
+        else {
+            uint64_t h = 0;
+            for (int k = 0; k < 8; k++) h |= (uint64_t)b[k] << (8 * k);
+            cr_assert(h <= n - 8, "%s: header length %llu", from, (unsigned long long)h);
+            const uint64_t h2 = h + (uint64_t)pad;
+            unsigned char len[8];
+            for (int k = 0; k < 8; k++) len[k] = (unsigned char)(h2 >> (8 * k));
+            fwrite(len, 1, 8, f);
+            fwrite(b + 8, 1, h, f);
+            for (int k = 0; k < pad; k++) fputc(' ', f);
+            fwrite(b + 8 + h, 1, n - 8 - h, f);
+        }
+        cr_assert_eq(fclose(f), 0, "writing %s", to);
+        free(b);
+    }
+}
+
+/* -wmem map gives copy's bits: the same kernels over the same bytes, q, k
+ * and v as three launches into one output, gate and up from two tensors.
+ * The shipped model's tensors lie 8 bytes past 16-byte boundaries (its
+ * header's length), so they take the 8-byte loads; the same file with 8
+ * more bytes of header puts them on 16-byte boundaries. Each against the
+ * copy: one prefill (the prefill matmuls, logits and hidden states), the
+ * MTP head over it, and step-by-step decode (the fused decode matmuls, in
+ * graphs). */
+Test(cuda, mapped_weights_give_the_copys_bits, .timeout = 120) {
+    need_gpu();
+    char dir[] = "/tmp/run-wmem-XXXXXX", err[512];
+    CudaInfo info;
+    cr_assert_eq(cuda_open(&info, err, sizeof err), 0, "%s", err);
+    if (!info.pageable && !info.ro_register) {
+        /* then map is refused, in one line */
+        Model m;
+        cr_assert_eq(model_load(&m, "models/qwen3-kjv-mtp", MODEL_MAPPED, err, sizeof err), 0, "%s", err);
+        cr_expect(model_to_gpu(&m, GPU_WMEM_MAP, err, sizeof err) && strstr(err, "-wmem map: this GPU reads neither"),
+                  "%s", err);
+        model_free(&m);
+        cr_skip_test("this GPU reads neither pageable memory nor registered read-only mappings");
+    }
+    cr_assert(mkdtemp(dir), "mkdtemp");
+    padded_copy(dir, 8);
+    const char *paths[3] = {"models/qwen3-kjv-mtp", "models/qwen3-kjv-mtp", dir};
+    const int modes[3] = {GPU_WMEM_COPY, GPU_WMEM_MAP, GPU_WMEM_MAP};
+    Model m[3];
+    KVCache kv[3], mkv[3];
+    KVSpec spec;
+    int ids[1024];
+    cr_assert_eq(kv_spec_parse("f32", &spec, err, sizeof err), 0, "%s", err);
+    const int n = read_tokens("tests/data/golden/qwen3-kjv-mtp/tokens.txt", ids, 1024);
+    float *out[3][4];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(model_load(&m[i], paths[i], MODEL_MAPPED, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_to_gpu(&m[i], modes[i], err, sizeof err), 0, "%s: %s", paths[i], err);
+        const size_t V = (size_t)m[i].cfg.vocab_size, H = (size_t)m[i].cfg.hidden;
+        cr_expect_eq(gpu_model_mapped_bytes(m[i].gpu) > 0, modes[i] == GPU_WMEM_MAP, "%s: %zu bytes mapped",
+                     paths[i], gpu_model_mapped_bytes(m[i].gpu));
+        cr_assert_eq(model_kv_init(&m[i], &kv[i], &spec, 512, 0, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_kv_init(&m[i], &mkv[i], &spec, 512, 1, err, sizeof err), 0, "%s", err);
+        float *logits = malloc((size_t)n * V * 4), *hidden = malloc((size_t)n * H * 4);
+        float *mtp = malloc((size_t)n * V * 4), *steps = malloc((size_t)n * V * 4);
+        cr_assert(logits && hidden && mtp && steps);
+        cr_assert_eq(model_forward(&m[i], &kv[i], ids, n, logits, 1, hidden, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_mtp_forward(&m[i], &mkv[i], hidden, ids + 1, n - 1, mtp, 1, NULL, err, sizeof err), 0,
+                     "%s", err);
+        kv_cache_truncate(&kv[i], 0);
+        for (int t = 0; t < n; t++)
+            cr_assert_eq(model_forward(&m[i], &kv[i], ids + t, 1, steps + (size_t)t * V, 0, NULL, err, sizeof err), 0,
+                         "%s", err);
+        out[i][0] = logits, out[i][1] = hidden, out[i][2] = mtp, out[i][3] = steps;
+    }
+    const size_t V = (size_t)m[0].cfg.vocab_size, H = (size_t)m[0].cfg.hidden;
+    const size_t bytes[4] = {(size_t)n * V * 4, (size_t)n * H * 4, (size_t)(n - 1) * V * 4, (size_t)n * V * 4};
+    static const char *const what[4] = {"prefill logits", "hidden states", "MTP logits", "decode logits"};
+    for (int i = 1; i < 3; i++)
+        for (int k = 0; k < 4; k++)
+            cr_expect_eq(memcmp(out[i][k], out[0][k], bytes[k]), 0, "-wmem map (%s) against copy: %s differ",
+                         i == 1 ? "8-byte aligned" : "16-byte aligned", what[k]);
+    for (int i = 0; i < 3; i++) {
+        for (int k = 0; k < 4; k++) free(out[i][k]);
+        kv_cache_free(&kv[i]), kv_cache_free(&mkv[i]);
+        model_free(&m[i]);
+    }
+    for (int i = 0; i < 5; i++) {
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s", dir, shipped_files[i]);
+        unlink(p);
+    }
+    rmdir(dir);
 }
 
 /* Greedy text from ./run, its stderr checked: -dev cuda with and without

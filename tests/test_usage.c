@@ -293,8 +293,9 @@ Test(usage, seeds_paths_and_stats) {
 }
 
 /* -dev: what the GPU path does not take is a usage error under -dev cuda
- * (before any model is read), the CPU says so in stats, and a machine or
- * a build without a GPU gets one line and exit 1. */
+ * (before any model is read), as are a -wmem value or pairing that cannot
+ * be; the CPU says so in stats, and a machine or a build without a GPU
+ * gets one line and exit 1. */
 Test(usage, device_option) {
     char *o, *e;
     cr_expect_eq(run(&o, &e, "-dev bogus -n 1"), 2);
@@ -307,6 +308,11 @@ Test(usage, device_option) {
         {"-dev cuda -ctk f16 -ctv f32 -n 1", "K and V in different schemes (f16/f32)"},
         {"-dev cuda -m compare -kv f16,kivi2 -i x", "KV scheme kivi2 has no CUDA kernel yet"},
         {"-dev cuda -act bf16 -n 1", "-act bf16 is the CPU's"},
+        /* -wmem: its values, and what it cannot go with */
+        {"-wmem bogus -n 1", "-wmem: expected auto, map or copy, found 'bogus'"},
+        {"-dev cpu -wmem map -n 1", "-wmem map: where the GPU reads the weights, but -dev cpu"},
+        {"-dev cpu -wmem copy -n 1", "-wmem copy: where the GPU reads the weights, but -dev cpu"},
+        {"-wmem map -wq q8 -n 1", "-wq q8 makes new ones at load (use -wmem copy)"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
         cr_expect_eq(run(&o, &e, "%s", refused[i].args), 2, "%s", refused[i].args);
@@ -315,6 +321,8 @@ Test(usage, device_option) {
     }
     cr_expect_eq(run(&o, &e, "-dev cpu -n 4 -t 0"), 0);
     cr_expect(strstr(e, " device=cpu "), "%s", e);
+    free(o), free(e);
+    cr_expect_eq(run(&o, &e, "-dev cpu -wmem auto -n 2 -t 0"), 0, "%s", e);
     free(o), free(e);
     cr_expect_eq(run(&o, &e, "--version"), 0);
     cr_expect(strstr(o, cuda_built() ? "CUDA for sm_" : "CUDA not compiled in"), "%s", o);
@@ -326,6 +334,10 @@ Test(usage, device_option) {
         /* auto takes the CPU, and says which device in stats */
         cr_expect_eq(run(&o, &e, "-n 4 -t 0"), 0);
         cr_expect(strstr(e, " device=cpu "), "%s", e);
+        free(o), free(e);
+        /* -wmem given where the run goes to the CPU: a note, and the run */
+        cr_expect_eq(run(&o, &e, "-wmem map -n 2 -t 0"), 0);
+        cr_expect(strstr(e, "note: -wmem map: the run is on the CPU"), "%s", e);
         free(o), free(e);
     }
 }

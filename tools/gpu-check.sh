@@ -70,6 +70,11 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
     for dev in cpu cuda; do
         timeout 60 "$BUILD/run" -dev $dev -m compare -wq q8 -kv f16,q8,tbq4 -f tools/data/heldout.txt -c 400 -n 8
     done
+    echo "== -wmem map against copy (the weights read where the checkpoint is mapped): greedy -spec 0 and 3, ppl"
+    for w in copy map; do
+        for s in 0 3; do timeout 60 "$BUILD/run" -dev cuda -wmem $w -kv f32 -t 0 -n 64 -spec $s -i "And God said"; done
+        timeout 60 "$BUILD/run" -dev cuda -wmem $w -m ppl -kv f32 -f tools/data/heldout.txt 2>&1 | tail -n 3
+    done
     echo "== refusals (usage errors: exit 2)"
     timeout 30 "$BUILD/run" -dev cuda -kv kivi2 -n 4; echo "exit $?"
     echo "== auto"
