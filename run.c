@@ -1676,8 +1676,9 @@ static int open_model(Run *r) {
     if (gpu) {
         double t0 = now();
         if (model_to_gpu(&r->m, wmem_mode(r), err, sizeof err)) {
-            /* auto: where the GPU cannot take the model (its memory, say), the CPU still can */
-            if (dev_is_cuda(r)) goto fail;
+            /* auto: where the GPU cannot take the model (its memory, say),
+             * the CPU still can; but -wmem map asked for the GPU's way */
+            if (dev_is_cuda(r) || wmem_mode(r) == GPU_WMEM_MAP) goto fail;
             fprintf(stderr, "note: running on the CPU: %s\n", err);
         } else {
             char hb[32], hm[32];

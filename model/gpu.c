@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kernels/cuda.h"
 #include "kv/polar4.h"
@@ -164,6 +165,8 @@ struct GpuModel {
     size_t *fsize;
     int n_files;
     size_t mapped_bytes;
+    void *host;       /* gpu_model_to_host's copy of the matrices, host_len bytes */
+    size_t host_len;
     double *inv_freq;
     float rope_mscale;
     /* scratch (above) */
@@ -590,12 +593,102 @@ fail:
     return -1;
 }
 
+/* Rows [r0, r0 + rows) of d (bf16; with step 2 every other row from r0)
+ * copied to host + *at, *at moved past them; the copy's address, or NULL
+ * with err. */
+static const void *rows_to_host(const DevW *d, int r0, int rows, int step, char *host, size_t *at, char *tmp,
+                                char *err, size_t errlen) {
+    const size_t row = (size_t)d->cols * 2;
+    char *dst = host + *at;
+    if (cuda_download(tmp, (const char *)d->d[0] + (size_t)r0 * row, (size_t)((rows - 1) * step + 1) * row,
+                      "a matrix", err, errlen))
+        return NULL;
+    for (int i = 0; i < rows; i++) memcpy(dst + (size_t)i * row, tmp + (size_t)i * step * row, row);
+    *at += (size_t)rows * row;
+    return dst;
+}
+
+/* Where the device reads host address p of the copy at host, mapped at base. */
+static const void *host_dev(const void *p, const char *host, const char *base) {
+    return base + ((const char *)p - host);
+}
+
+int gpu_model_to_host(GpuModel *g, char *err, size_t errlen) {
+    const Config *c = &g->cfg;
+    const int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim, I = c->ffn;
+    const int V = c->vocab_size;
+    if (g->embed.dtype != CUDA_BF16 || g->layers[0].wqkv.dtype != CUDA_BF16 || g->layers[0].wqkv.parts != 1 ||
+        g->host) {
+        snprintf(err, errlen, "gpu_model_to_host: a random bf16 model with its matrices on the device expected");
+        return -1;
+    }
+    const int tied = g->lm_head.d[0] == g->embed.d[0];
+    const size_t per = (size_t)(qd + 2 * kvd) * H + (size_t)H * qd + (size_t)2 * I * H + (size_t)H * I;
+    const size_t bytes = 2 * (per * c->n_layers + (size_t)V * H * (tied ? 1 : 2));
+    const size_t most = (size_t)V > (size_t)2 * I ? (size_t)V * H * 2 : (size_t)2 * I * H * 2;
+    char *tmp = malloc(most);
+    DevLayer *L = calloc((size_t)c->n_layers, sizeof *L);
+    void *host = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!tmp || !L || host == MAP_FAILED) {
+        free(tmp), free(L);
+        if (host != MAP_FAILED) munmap(host, bytes);
+        snprintf(err, errlen, "out of memory for %.2f GB of host weights", bytes / 1e9);
+        return -1;
+    }
+    g->host = host, g->host_len = bytes; /* gpu_model_free unmaps it */
+    /* the copy, its parts laid out as a checkpoint's tensors: q, k, v,
+     * o, gate, up, down a layer, then the embedding and the lm_head */
+    size_t at = 0;
+    int rc = 0;
+    const void *e = NULL, *h = NULL;
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        const DevLayer *d = &g->layers[l];
+        const void *p[7] = {rows_to_host(&d->wqkv, 0, qd, 1, host, &at, tmp, err, errlen),
+                            rows_to_host(&d->wqkv, qd, kvd, 1, host, &at, tmp, err, errlen),
+                            rows_to_host(&d->wqkv, qd + kvd, kvd, 1, host, &at, tmp, err, errlen),
+                            rows_to_host(&d->wo, 0, H, 1, host, &at, tmp, err, errlen),
+                            rows_to_host(&d->wgu, 0, I, 2, host, &at, tmp, err, errlen),
+                            rows_to_host(&d->wgu, 1, I, 2, host, &at, tmp, err, errlen),
+                            rows_to_host(&d->wd, 0, H, 1, host, &at, tmp, err, errlen)};
+        for (int i = 0; i < 7; i++) rc |= !p[i];
+        L[l] = *d;
+        L[l].wqkv = (DevW){.d = {p[0], p[1], p[2]}, .part_rows = {qd, kvd, kvd}, .parts = 3, .dtype = CUDA_BF16,
+                           .rows = qd + 2 * kvd, .cols = H};
+        L[l].wo = dev_whole(p[3], CUDA_BF16, H, qd);
+        L[l].wgu = (DevW){.d = {p[4], p[5]}, .part_rows = {I, I}, .parts = 2, .pair = 1, .dtype = CUDA_BF16,
+                          .rows = 2 * I, .cols = H};
+        L[l].wd = dev_whole(p[6], CUDA_BF16, H, I);
+    }
+    if (!rc) {
+        e = rows_to_host(&g->embed, 0, V, 1, host, &at, tmp, err, errlen);
+        h = tied ? e : rows_to_host(&g->lm_head, 0, V, 1, host, &at, tmp, err, errlen);
+        rc = !e || !h;
+    }
+    const char *base = rc ? NULL : cuda_host_map(host, bytes, err, errlen);
+    if (base) {
+        /* the host addresses become the device's */
+        for (int l = 0; l < c->n_layers; l++) {
+            DevW *w[] = {&L[l].wqkv, &L[l].wo, &L[l].wgu, &L[l].wd};
+            for (int i = 0; i < 4; i++)
+                for (int k = 0; k < w[i]->parts; k++) w[i]->d[k] = host_dev(w[i]->d[k], host, base);
+        }
+        memcpy(g->layers, L, (size_t)c->n_layers * sizeof *L);
+        g->embed = dev_whole(host_dev(e, host, base), CUDA_BF16, V, H);
+        g->lm_head = dev_whole(host_dev(h, host, base), CUDA_BF16, V, H);
+        g->mapped_bytes = bytes;
+    }
+    free(tmp), free(L);
+    return base ? 0 : -1;
+}
+
 void gpu_model_free(GpuModel *g) {
     if (!g) return;
     /* nothing in flight may still read a mapping about to go */
     char err[256];
-    if (g->fhost) cuda_sync("closing the model", err, sizeof err);
+    if (g->fhost || g->host) cuda_sync("closing the model", err, sizeof err);
     for (int i = 0; g->fhost && i < g->n_files; i++) cuda_host_unmap(g->fhost[i], g->fsize[i]);
+    if (g->host && g->mapped_bytes) cuda_host_unmap(g->host, g->host_len);
+    if (g->host) munmap(g->host, g->host_len);
     free(g->fdev);
     free(g->fhost);
     free(g->fsize);
@@ -1072,6 +1165,10 @@ int gpu_model_random(GpuModel **g, const Config *c, int q8, unsigned long long s
     return no_cuda(err, errlen);
 }
 void gpu_model_free(GpuModel *g) { (void)g; }
+int gpu_model_to_host(GpuModel *g, char *err, size_t errlen) {
+    (void)g;
+    return no_cuda(err, errlen);
+}
 void gpu_model_set_graphs(GpuModel *g, int on) { (void)g, (void)on; }
 int gpu_kv_fill_random(KVCache *kv, int n, unsigned long long seed, char *err, size_t errlen) {
     (void)kv, (void)n, (void)seed;

@@ -59,6 +59,12 @@ int gpu_model_open(GpuModel **g, const Model *m, int wmem, char *err, size_t err
  * no checkpoint needed), or q8 ones (q8 1: every matrix but the
  * embedding, as -wq q8 makes them); RoPE uses the plain theta frequencies. */
 int gpu_model_random(GpuModel **g, const Config *c, int q8, unsigned long long seed, char *err, size_t errlen);
+/* Moves a random bf16 model's matrices (gpu_model_random, q8 0) into host
+ * memory that the GPU reads in place, as -wmem map reads a checkpoint:
+ * q, k and v as three tensors, gate and up as two, the embedding (and a
+ * tied lm_head) too; the norms stay on the device (benchmarks: decode
+ * with -wmem map). */
+int gpu_model_to_host(GpuModel *g, char *err, size_t errlen);
 void gpu_model_free(GpuModel *g);
 /* "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GB; integrated 0,
  * pageable 1, host page tables 0, read-only register 1)": the attributes

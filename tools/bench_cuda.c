@@ -14,12 +14,16 @@
  * over each KV scheme the GPU takes at 4K, 32K and 128K positions, with
  * the cache bytes a token reads and the bandwidth that reading reached
  * (those bytes over the step's time beyond a step at context 0); then
- * decode and prefill of each shape with -wq q8's weights.
+ * decode and prefill of each shape with -wq q8's weights; then decode of
+ * the 0.6B shape with its weights read where they lie in host memory, as
+ * -wmem map reads a checkpoint (over PCIe on a discrete GPU: slow, and
+ * reported, not tuned), against the same weights copied.
  *
- *   build/bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes | --q8]
+ *   build/bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes | --q8 | --map]
  *   build/bench_cuda --computed
  *
- * --schemes: only the table over the KV schemes; --q8: only -wq q8's.
+ * --schemes: only the table over the KV schemes; --q8: only -wq q8's;
+ * --map: only -wmem map's.
  * --computed: no GPU needed; the decode bound on the unified-memory
  * machines none of these runs had (GB10, GH200) from their bandwidths:
  * bytes a token reads over the memory each comes from.
@@ -307,6 +311,35 @@ static void bench_q8_weights(const char *name, int steps, double bw) {
     gpu_model_free(g);
 }
 
+/* Decode at 0 and 4K positions (f16 cache) with the weights copied, then
+ * read in host memory (gpu_model_to_host, as -wmem map), the weights'
+ * bytes a step reads over its time; a tenth of the steps for map. */
+static void bench_map(const char *name, int steps) {
+    char err[512];
+    Config c = shape(name);
+    GpuModel *g;
+    if (gpu_model_random(&g, &c, 0, 1, err, sizeof err)) die(name, err);
+    KVSpec spec = {kv_find("f16"), kv_find("f16"), {0, 0}, {0, 0}};
+    const int ctxs[] = {0, 4096}, msteps = steps / 10 > 3 ? steps / 10 : 3;
+    const double wbytes = step_weight_bytes(&c);
+    double t[2][2];
+    for (int m = 0; m < 2; m++) {
+        /* a cache of its own each: its graphs keep the weights' addresses */
+        KVCache kv;
+        if (m && gpu_model_to_host(g, err, sizeof err)) die("weights to host memory", err);
+        if (gpu_kv_init(g, &kv, &spec, 4096 + 64, 0, err, sizeof err)) die(name, err);
+        for (int i = 0; i < 2; i++) t[m][i] = decode_s(g, &kv, ctxs[i], m ? msteps : steps, NULL);
+        kv_cache_free(&kv);
+    }
+    printf("\n%s shape, weights (%.2f GB) read where they lie in host memory (-wmem map) against copied\n"
+           "| context | copy: tok/s | map: tok/s | map: weights read at GB/s |\n|---|---|---|---|\n",
+           name, gpu_model_mapped_bytes(g) / 1e9);
+    for (int i = 0; i < 2; i++)
+        printf("| %d | %.1f | %.1f | %.1f |\n", ctxs[i], 1 / t[0][i], 1 / t[1][i], wbytes / t[1][i] / 1e9);
+    fflush(stdout);
+    gpu_model_free(g);
+}
+
 /* Bandwidths the computed table divides by, as measured elsewhere
  * (../shared/specs/cuda.md, section 1): GB10's LPDDR5x by a saturating
  * read kernel (231-234 GB/s of 273 nominal, antirez/ds4), GH200's HBM3 by
@@ -350,7 +383,7 @@ static void computed_table(void) {
 
 int main(int argc, char **argv) {
     const char *which = "all";
-    int steps = 50, schemes_only = 0, q8_only = 0;
+    int steps = 50, schemes_only = 0, q8_only = 0, map_only = 0;
     if (argc == 2 && !strcmp(argv[1], "--computed")) {
         computed_table();
         return 0;
@@ -360,8 +393,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--schemes")) schemes_only = 1;
         else if (!strcmp(argv[i], "--q8")) q8_only = 1;
+        else if (!strcmp(argv[i], "--map")) map_only = 1;
         else {
-            fprintf(stderr, "usage: bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes | --q8], or --computed\n");
+            fprintf(stderr, "usage: bench_cuda [--shape 0.6b|8b|all] [--steps N] [--schemes | --q8 | --map], or "
+                            "--computed\n");
             return 2;
         }
     }
@@ -377,9 +412,11 @@ int main(int argc, char **argv) {
            info.cc_major, info.cc_minor, info.sm_count, info.mem_total / 1e9, bw);
     const int six = !strcmp(which, "all") || !strcmp(which, "0.6b");
     const int eight = !strcmp(which, "all") || !strcmp(which, "8b");
-    if (six && !q8_only) bench_shape("0.6b", steps, bw, schemes_only);
-    if (eight && !q8_only) bench_shape("8b", steps, bw, schemes_only);
-    if (six && !schemes_only) bench_q8_weights("0.6b", steps, bw);
-    if (eight && !schemes_only) bench_q8_weights("8b", steps, bw);
+    const int all = !schemes_only && !q8_only && !map_only;
+    if (six && (all || schemes_only)) bench_shape("0.6b", steps, bw, schemes_only);
+    if (eight && (all || schemes_only)) bench_shape("8b", steps, bw, schemes_only);
+    if (six && (all || q8_only)) bench_q8_weights("0.6b", steps, bw);
+    if (eight && (all || q8_only)) bench_q8_weights("8b", steps, bw);
+    if (six && (all || map_only)) bench_map("0.6b", steps);
     return 0;
 }

@@ -11,9 +11,10 @@
 # start there (other system libraries), it builds them with make first.
 # Steps: the device; the CUDA tests (tests/test_cuda.c: every op against
 # its CPU twin, the shipped model against golden logits and the CPU's
-# greedy tokens); the CLI on the GPU; the benchmark (tools/bench_cuda.c);
-# with NCU=1, a profile of the decode attention (below). The tests, the
-# CLI and the bench stop at 150, 60 a command and 200 seconds.
+# greedy tokens); the CLI on the GPU; the benchmark (tools/bench_cuda.c),
+# -wmem map's part of it first; with NCU=1, a profile of the decode
+# attention (below). The tests, the CLI and the bench stop at 150, 60 a
+# command and 60 + 200 seconds.
 # Exit status: that of the tests.
 OUT=${OUT:-gpu-check}
 BUILD=${BUILD:-build-gpu}
@@ -83,6 +84,10 @@ grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary
 speeds=$(grep 'device=' "$OUT/cli.txt" | sed 's/.*\(decode_tps=[0-9.]*\).*\(device=[a-z]*\).*/\1 \2/' | tr '\n' ';')
 log "cli: $(grep -c '^stats:' "$OUT/cli.txt") stats lines; $speeds"
 
+# -wmem map's decode first (seconds): the whole bench may run into its limit
+timeout 60 "$BUILD/bench_cuda" --map > "$OUT/bench-map.txt" 2>&1
+log "bench --map: exit $?"
+cat "$OUT/bench-map.txt" | tee -a "$OUT/summary.txt"
 timeout 200 "$BUILD/bench_cuda" > "$OUT/bench.txt" 2>&1
 log "bench: exit $?"
 cat "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
