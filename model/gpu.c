@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "kernels/cuda.h"
 #include "kv/polar4.h"
@@ -165,8 +166,9 @@ struct GpuModel {
     size_t *fsize;
     int n_files;
     size_t mapped_bytes;
-    void *host;       /* gpu_model_to_host's copy of the matrices, host_len bytes */
-    size_t host_len;
+    void *host;       /* gpu_model_to_host's copy of the matrices, host_len bytes, */
+    size_t host_len;  /* and whether cuda_host_map took it */
+    int host_mapped;
     double *inv_freq;
     float rope_mscale;
     /* scratch (above) */
@@ -625,10 +627,19 @@ int gpu_model_to_host(GpuModel *g, char *err, size_t errlen) {
     const int tied = g->lm_head.d[0] == g->embed.d[0];
     const size_t per = (size_t)(qd + 2 * kvd) * H + (size_t)H * qd + (size_t)2 * I * H + (size_t)H * I;
     const size_t bytes = 2 * (per * c->n_layers + (size_t)V * H * (tied ? 1 : 2));
-    const size_t most = (size_t)V > (size_t)2 * I ? (size_t)V * H * 2 : (size_t)2 * I * H * 2;
+    /* the most rows a download takes: the embedding, gate|up or o */
+    size_t most = (size_t)V > (size_t)2 * I ? (size_t)V : (size_t)2 * I;
+    most = (most > (size_t)qd ? most : (size_t)qd) * H * 2;
     char *tmp = malloc(most);
     DevLayer *L = calloc((size_t)c->n_layers, sizeof *L);
-    void *host = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* file-backed, as a checkpoint is: a GPU that reads pageable memory
+     * through HMM may move anonymous pages into its own memory on a
+     * fault, but not a file's */
+    const int fd = memfd_create("run-weights", 0);
+    void *host = fd < 0 || ftruncate(fd, (off_t)bytes)
+                     ? MAP_FAILED
+                     : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
     if (!tmp || !L || host == MAP_FAILED) {
         free(tmp), free(L);
         if (host != MAP_FAILED) munmap(host, bytes);
@@ -643,14 +654,16 @@ int gpu_model_to_host(GpuModel *g, char *err, size_t errlen) {
     const void *e = NULL, *h = NULL;
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const DevLayer *d = &g->layers[l];
-        const void *p[7] = {rows_to_host(&d->wqkv, 0, qd, 1, host, &at, tmp, err, errlen),
-                            rows_to_host(&d->wqkv, qd, kvd, 1, host, &at, tmp, err, errlen),
-                            rows_to_host(&d->wqkv, qd + kvd, kvd, 1, host, &at, tmp, err, errlen),
-                            rows_to_host(&d->wo, 0, H, 1, host, &at, tmp, err, errlen),
-                            rows_to_host(&d->wgu, 0, I, 2, host, &at, tmp, err, errlen),
-                            rows_to_host(&d->wgu, 1, I, 2, host, &at, tmp, err, errlen),
-                            rows_to_host(&d->wd, 0, H, 1, host, &at, tmp, err, errlen)};
-        for (int i = 0; i < 7; i++) rc |= !p[i];
+        /* in this order: the copy's layout */
+        const void *p[7];
+        p[0] = rows_to_host(&d->wqkv, 0, qd, 1, host, &at, tmp, err, errlen);
+        p[1] = p[0] ? rows_to_host(&d->wqkv, qd, kvd, 1, host, &at, tmp, err, errlen) : NULL;
+        p[2] = p[1] ? rows_to_host(&d->wqkv, qd + kvd, kvd, 1, host, &at, tmp, err, errlen) : NULL;
+        p[3] = p[2] ? rows_to_host(&d->wo, 0, H, 1, host, &at, tmp, err, errlen) : NULL;
+        p[4] = p[3] ? rows_to_host(&d->wgu, 0, I, 2, host, &at, tmp, err, errlen) : NULL;
+        p[5] = p[4] ? rows_to_host(&d->wgu, 1, I, 2, host, &at, tmp, err, errlen) : NULL;
+        p[6] = p[5] ? rows_to_host(&d->wd, 0, H, 1, host, &at, tmp, err, errlen) : NULL;
+        rc = !p[6];
         L[l] = *d;
         L[l].wqkv = (DevW){.d = {p[0], p[1], p[2]}, .part_rows = {qd, kvd, kvd}, .parts = 3, .dtype = CUDA_BF16,
                            .rows = qd + 2 * kvd, .cols = H};
@@ -675,7 +688,7 @@ int gpu_model_to_host(GpuModel *g, char *err, size_t errlen) {
         memcpy(g->layers, L, (size_t)c->n_layers * sizeof *L);
         g->embed = dev_whole(host_dev(e, host, base), CUDA_BF16, V, H);
         g->lm_head = dev_whole(host_dev(h, host, base), CUDA_BF16, V, H);
-        g->mapped_bytes = bytes;
+        g->mapped_bytes = bytes, g->host_mapped = 1;
     }
     free(tmp), free(L);
     return base ? 0 : -1;
@@ -687,7 +700,7 @@ void gpu_model_free(GpuModel *g) {
     char err[256];
     if (g->fhost || g->host) cuda_sync("closing the model", err, sizeof err);
     for (int i = 0; g->fhost && i < g->n_files; i++) cuda_host_unmap(g->fhost[i], g->fsize[i]);
-    if (g->host && g->mapped_bytes) cuda_host_unmap(g->host, g->host_len);
+    if (g->host_mapped) cuda_host_unmap(g->host, g->host_len);
     if (g->host) munmap(g->host, g->host_len);
     free(g->fdev);
     free(g->fhost);
