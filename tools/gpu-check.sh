@@ -13,7 +13,7 @@
 # its CPU twin, the shipped model against golden logits and the CPU's
 # greedy tokens); the CLI on the GPU; the benchmark (tools/bench_cuda.c),
 # -wmem map's part of it first; with NCU=1, a profile of the decode
-# attention (below). The tests, the CLI and the bench stop at 150, 60 a
+# attention (below). The tests, the CLI and the bench stop at 180, 60 a
 # command and 60 + 200 seconds.
 # Exit status: that of the tests.
 OUT=${OUT:-gpu-check}
@@ -33,7 +33,7 @@ if ! "$BUILD/run" --version > /dev/null 2>&1 || ! "$BUILD/test_plain" --list > /
 fi
 log "$("$BUILD/run" --version)"
 
-RUN_BIN=$BUILD/run TOOLS_DIR=$BUILD timeout 150 "$BUILD/test_plain" --verbose > "$OUT/tests.txt" 2>&1
+RUN_BIN=$BUILD/run TOOLS_DIR=$BUILD timeout 180 "$BUILD/test_plain" --verbose > "$OUT/tests.txt" 2>&1
 rc=$?
 log "tests: $(grep Synthesis "$OUT/tests.txt") (exit $rc)"
 grep -E "^\[FAIL\]|^\[----\]" "$OUT/tests.txt" | head -40 | tee -a "$OUT/summary.txt"
