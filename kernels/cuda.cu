@@ -145,6 +145,13 @@ extern "C" void cuda_free(void *d) {
     if (d) cudaFree(d);
 }
 
+/* bytes rounded up to whole pages: a mapping, and so its registration,
+ * covers its last page whole */
+static size_t whole_pages(size_t bytes) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (bytes + page - 1) / page * page;
+}
+
 extern "C" const void *cuda_host_map(const void *p, size_t bytes, char *err, size_t errlen) {
     if (g_pageable) {
         g_host_mapped += bytes;
@@ -156,9 +163,7 @@ extern "C" const void *cuda_host_map(const void *p, size_t bytes, char *err, siz
                               "copy");
         return NULL;
     }
-    /* a mapping covers whole pages: so does its registration */
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    bytes = (bytes + page - 1) / page * page;
+    bytes = whole_pages(bytes);
     void *d = NULL;
     cudaError_t e = cudaHostRegister((void *)p, bytes, cudaHostRegisterMapped | cudaHostRegisterReadOnly);
     if (e == cudaSuccess && (e = cudaHostGetDevicePointer(&d, (void *)p, 0)) != cudaSuccess) cudaHostUnregister((void *)p);
@@ -175,8 +180,7 @@ extern "C" const void *cuda_host_map(const void *p, size_t bytes, char *err, siz
 extern "C" void cuda_host_unmap(const void *p, size_t bytes) {
     if (!p) return;
     if (!g_pageable) {
-        const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-        bytes = (bytes + page - 1) / page * page;
+        bytes = whole_pages(bytes);
         if (cudaHostUnregister((void *)p) != cudaSuccess) cudaGetLastError();
     }
     g_host_mapped -= bytes < g_host_mapped ? bytes : g_host_mapped;

@@ -103,10 +103,12 @@ void cuda_graph_free(void *graph);
  *   | int8 q [rows][cols] | f32 d [rows][cols / 32] |     w = q * d
  * so that the matrices a matmul reads together stack as one. */
 enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2, CUDA_Q8 = 3 };
-/* Bytes of a [rows, cols] matrix of dtype on the device. */
+/* Bytes of one weight of dtype (a q8 code; its scale aside), and of a
+ * [rows, cols] matrix of dtype on the device. */
+static inline size_t cuda_dtype_bytes(int dtype) { return dtype == CUDA_F32 ? 4 : dtype == CUDA_Q8 ? 1 : 2; }
 static inline size_t cuda_weight_bytes(int dtype, int rows, int cols) {
     const size_t n = (size_t)rows * cols;
-    return dtype == CUDA_Q8 ? n + n / 32 * 4 : dtype == CUDA_F32 ? 4 * n : 2 * n;
+    return n * cuda_dtype_bytes(dtype) + (dtype == CUDA_Q8 ? n / 32 * 4 : 0);
 }
 
 /* ---- kernels/ops.cu: twins of kernels/ops.c ---- */

@@ -529,7 +529,7 @@ extern "C" void cuda_matvec(float *d_y, const float *d_x, int xmode, const float
     m.rows = out, m.cols = cols, m.n = n, m.pair = pair, m.add = add, m.ldy = out, m.ys = 1, m.shape_rows = rows;
     /* a pair's rows interleave: gate i at 2i, up i at 2i + 1 */
     m.ld = pair ? 2 * (size_t)cols : (size_t)cols;
-    if (pair) m.w2 = (const char *)d_W + (size_t)cols * (dtype == CUDA_F32 ? 4 : dtype == CUDA_Q8 ? 1 : 2);
+    if (pair) m.w2 = (const char *)d_W + (size_t)cols * cuda_dtype_bytes(dtype);
     cuda_matmul_run(&m);
 }
 

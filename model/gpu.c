@@ -654,7 +654,6 @@ int gpu_model_to_host(GpuModel *g, char *err, size_t errlen) {
     const void *e = NULL, *h = NULL;
     for (int l = 0; l < c->n_layers && !rc; l++) {
         const DevLayer *d = &g->layers[l];
-        /* in this order: the copy's layout */
         const void *p[7];
         p[0] = rows_to_host(&d->wqkv, 0, qd, 1, host, &at, tmp, err, errlen);
         p[1] = p[0] ? rows_to_host(&d->wqkv, qd, kvd, 1, host, &at, tmp, err, errlen) : NULL;
@@ -818,13 +817,12 @@ int gpu_kv_fill_random(KVCache *kv, int n, unsigned long long seed, char *err, s
  * makes y [n, rows / 2] = silu(gate) * up in the same pass. */
 static void matmul_dev(float *y, const float *x, const DevW *w, int n, int add, const float *nw, float eps,
                        int swiglu) {
-    const size_t es = w->dtype == CUDA_F32 ? 4 : w->dtype == CUDA_Q8 ? 1 : 2;
     CudaMatmul c = {.x = x, .dtype = w->dtype, .cols = w->cols, .n = n, .add = add, .narrow = w->narrow,
                     .shape_rows = w->rows, .xmode = nw != NULL, .nw = nw, .eps = eps};
     if (swiglu) {
         /* a copy's gate and up rows interleave; mapped, they are two tensors */
         c.y = y, c.pair = 1, c.rows = c.ldy = w->rows / 2, c.ys = 1, c.w = w->d[0];
-        c.w2 = w->pair ? w->d[1] : (const char *)w->d[0] + (size_t)w->cols * es;
+        c.w2 = w->pair ? w->d[1] : (const char *)w->d[0] + (size_t)w->cols * cuda_dtype_bytes(w->dtype);
         c.ld = w->pair ? (size_t)w->cols : 2 * (size_t)w->cols;
         cuda_matmul_run(&c);
         return;

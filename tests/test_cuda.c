@@ -965,11 +965,10 @@ Test(cuda, q8_weights_match_the_cpu, .timeout = 120) {
 static const char *const shipped_files[] = {"config.json", "generation_config.json", "tokenizer.json",
                                             "tokenizer_config.json", "model.safetensors"};
 static void padded_copy(const char *dir, int pad) {
-    const char *const *names = shipped_files;
     for (int i = 0; i < 5; i++) {
         char from[256], to[512];
-        snprintf(from, sizeof from, "models/qwen3-kjv-mtp/%s", names[i]);
-        snprintf(to, sizeof to, "%s/%s", dir, names[i]);
+        snprintf(from, sizeof from, "models/qwen3-kjv-mtp/%s", shipped_files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, shipped_files[i]);
         size_t n = 0;
         unsigned char *b = (unsigned char *)slurp(from, &n);
         cr_assert(b && n > 8, "reading %s", from);
