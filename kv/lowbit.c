@@ -3,7 +3,7 @@
  * lowbit.h), with integer (AVX-512 VNNI) ones for d = 128 in one block at
  * the end (tbq, polar4, lm3): 4-bit codes on VNNI, 3- and 2-bit codes
  * where the CPU also has VBMI. AVX2 scores and sums 4- and 2-bit codes
- * in integers too (tbq4, polar4, tbq2). aarch64 has NEON decoding and,
+ * in integers too (tbq4, polar4, tbq2), and scores 3-bit ones (tbq3). aarch64 has NEON decoding and,
  * with dotprod, the integer scores of 4-bit codes (the last block).
  * The plain C path is kv.c's reference over lb_dequant (the only one on
  * other CPUs).
@@ -650,8 +650,8 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
 #undef ACCUM
 }
 
-/* ---- AVX2 integer scores for 4- and 2-bit codes ---------------------------
- * d = 128, tbq4, tbq2 and polar4: lb_score_int_ref's arithmetic with 256-bit
+/* ---- AVX2 integer scores for 4-, 3- and 2-bit codes ------------------------
+ * d = 128, tbq4, tbq3, tbq2 and polar4: lb_score_int_ref's arithmetic with 256-bit
  * integers. vpshufb looks 32 codes up at once in the 16-byte codebook with
  * its bytes signed (cb8 - 128, so the sum needs no bias term), held in both
  * lanes. vpmaddubsw multiplies unsigned by signed bytes, so the query's
@@ -663,6 +663,9 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
  * the query is laid out once per call in the same order (q8_prep_avx2):
  *   4-bit: | even values 0-62 | odd 1-63 | even 64-126 | odd 65-127 |
  *          (low and high nibbles of code bytes 0-31, then of 32-63)
+ *   3-bit: chunk k holds values 32k .. 32k + 31, each 16 of them
+ *          transposed 4 x 4: byte 4d + e of a 16-byte lane is value 4e + d
+ *          (unpack3, below)
  *   2-bit: | values 4b | 4b + 1 | 4b + 2 | 4b + 3 |, b = 0..31
  *          (bits 0-1, 2-3, 4-5, 6-7 of the 32 code bytes) */
 
@@ -706,10 +709,61 @@ AVX2_INLINE __m256i norm2_avx2(__m256i l0, __m256i h0, __m256i l1, __m256i h1, _
     return _mm256_add_epi64(_mm256_sad_epu8(lo, z), _mm256_slli_epi64(hi, 6));
 }
 
-/* One position's four chunks of signed codebook bytes (B = 4 or 2 bits),
- * and for polar4 (RN) its Σ sq14[idx]. */
+/* 3-bit codes (a group of 8 in 3 bytes, code c at bit 3c) as bytes, 32 a
+ * step, without VBMI's bit gathers. Chunk k (values 32k .. 32k + 31) is
+ * code bytes 12k .. 12k + 11, read as 16 bytes broadcast to both lanes
+ * (from byte 0 for k = 0, from 12k - 4 after it: no read leaves the row).
+ * Lane L takes values 16L + c, bytes 6L .. 6L + 5. Codes c and c + 8 sit
+ * at the same bit offset s, 3 bytes apart, so a dword holding the two
+ * 16-bit windows that contain them takes one shift for both: path A
+ * (codes d and d + 8 of dword d) shifts right by s, leaving them in bytes
+ * 0 and 2; path B (codes 4 + d and 12 + d) shifts left by 8 - s, into
+ * bytes 1 and 3. A byte blend and a mask then leave code 4e + d in byte
+ * 4d + e, which the query's bytes copy (q8_prep_avx2). */
+typedef struct {
+    __m256i ga[2], gb[2]; /* vpshufb gathers of the windows, for k = 0 and k > 0 */
+    __m256i sa, sb;       /* each dword's shift */
+} Unpack3;
+
+AVX2_INLINE void unpack3_init(Unpack3 *u) {
+    uint8_t g[2][2][32];
+    int32_t sh[2][8];
+    for (int w = 0; w < 2; w++)
+        for (int path = 0; path < 2; path++)
+            for (int b = 0; b < 32; b++) {
+                const int L = b / 16, d = b % 16 / 4, e = b % 4;
+                const int c = 4 * path + d + 8 * (e >> 1), rel = 6 * L + 3 * c / 8 + (e & 1);
+                /* byte 12 of a chunk lies only above lane 1's last code
+                 * (bits 45-47 are byte 11's top): read as zero */
+                g[w][path][b] = rel == 12 ? 0x80 : (uint8_t)(rel + 4 * w);
+            }
+    for (int l = 0; l < 8; l++) sh[0][l] = 3 * (l % 4) % 8, sh[1][l] = 8 - 3 * (4 + l % 4) % 8;
+    for (int w = 0; w < 2; w++) {
+        u->ga[w] = _mm256_loadu_si256((const __m256i *)g[w][0]);
+        u->gb[w] = _mm256_loadu_si256((const __m256i *)g[w][1]);
+    }
+    u->sa = _mm256_loadu_si256((const __m256i *)sh[0]);
+    u->sb = _mm256_loadu_si256((const __m256i *)sh[1]);
+}
+
+/* Chunk k of a row's 3-bit codes as 32 code bytes (unpack3's order). */
+AVX2_INLINE __m256i unpack3(const uint8_t *qs, int k, const Unpack3 *u) {
+    const int w = k > 0;
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(qs + (w ? 12 * k - 4 : 0))));
+    const __m256i a = _mm256_srlv_epi32(_mm256_shuffle_epi8(v, u->ga[w]), u->sa);
+    const __m256i b = _mm256_sllv_epi32(_mm256_shuffle_epi8(v, u->gb[w]), u->sb);
+    return _mm256_and_si256(_mm256_blendv_epi8(a, b, _mm256_set1_epi16((short)0x8000)), _mm256_set1_epi8(7));
+}
+
+/* One position's four chunks of signed codebook bytes (B = 4, 3 or 2 bits;
+ * the 16-entry table repeats a 3-bit codebook), and for polar4 (RN) its
+ * Σ sq14[idx]. */
 AVX2_INLINE void chunks_i8(const int B, const int RN, const uint8_t *qs, __m256i tbl, __m256i sql, __m256i sqh,
-                           __m256i x[4], __m256i *nrm) {
+                           const Unpack3 *u3, __m256i x[4], __m256i *nrm) {
+    if (B == 3) {
+        for (int k = 0; k < 4; k++) x[k] = _mm256_shuffle_epi8(tbl, unpack3(qs, k, u3));
+        return;
+    }
     const __m256i v0 = _mm256_loadu_si256((const __m256i *)qs);
     if (B == 2) {
         const __m256i m3 = _mm256_set1_epi8(3);
@@ -740,6 +794,8 @@ AVX2_INLINE void score_i8_avx2_body(const LbFmt *f, const int B, const int NQ, c
                   sql = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->sq_lo)),
                   sqh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->sq_hi));
     const size_t vb = (size_t)f->vec_bytes;
+    Unpack3 u3;
+    if (B == 3) unpack3_init(&u3);
     for (int t = t0; t < t1; t += 4) {
         const int R = t1 - t < 4 ? t1 - t : 4;
         __m256i acc[4][4], nrm[4];
@@ -751,7 +807,7 @@ AVX2_INLINE void score_i8_avx2_body(const LbFmt *f, const int B, const int NQ, c
                 continue;
             }
             __m256i x[4];
-            chunks_i8(B, RN, data + (size_t)(t + r) * vb + f->hdr, tbl, sql, sqh, x, &nrm[r]);
+            chunks_i8(B, RN, data + (size_t)(t + r) * vb + f->hdr, tbl, sql, sqh, &u3, x, &nrm[r]);
             for (int i = 0; i < NQ; i++)
                 acc[r][i] = _mm256_add_epi32(
                     _mm256_add_epi32(dot32_i8(x[0], o[i].a, o[i].sg), dot32_i8(x[1], o[i].a + 32, o[i].sg + 32)),
@@ -792,8 +848,14 @@ AVX2_INLINE int q8_prep_avx2(const int B, const float *q, float cb8_s, LbQ8Avx2 
     if (B == 4) {
         split2_avx2(v);
         split2_avx2(v + 2);
-    } else
+    } else if (B == 2) {
         split4_avx2(v);
+    } else {
+        /* each 16 values transposed 4 x 4 (unpack3) */
+        const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9,
+                                            13, 2, 6, 10, 14, 3, 7, 11, 15);
+        for (int k = 0; k < 4; k++) v[k] = _mm256_shuffle_epi8(v[k], tr);
+    }
     for (int c = 0; c < 4; c++) {
         _mm256_storeu_si256((__m256i *)(o->sg + 32 * c), v[c]);
         _mm256_storeu_si256((__m256i *)(o->a + 32 * c), _mm256_abs_epi8(v[c]));
@@ -807,13 +869,13 @@ AVX2 static int score_i8_avx2(const LbFmt *f, const uint8_t *data, const float *
                               float *out, int ldo) {
     LbQ8Avx2 o[4];
     float inv[4];
-    const int b4 = f->kind == LB_IDX4;
     for (int i = 0; i < nq; i++)
-        if (q8_prep_avx2(b4 ? 4 : 2, q + (size_t)i * 128, f->cb8_s, &o[i], &inv[i])) return -1;
+        if (q8_prep_avx2(f->kind, q + (size_t)i * 128, f->cb8_s, &o[i], &inv[i])) return -1;
 #define SCORE_I8(NQ)                                                                                                \
-    !b4 ? score_i8_avx2_body(f, 2, NQ, 0, data, o, inv, t0, t1, out, ldo)                                           \
-    : f->renorm ? score_i8_avx2_body(f, 4, NQ, 1, data, o, inv, t0, t1, out, ldo)                                   \
-                : score_i8_avx2_body(f, 4, NQ, 0, data, o, inv, t0, t1, out, ldo)
+    f->kind == LB_IDX2   ? score_i8_avx2_body(f, 2, NQ, 0, data, o, inv, t0, t1, out, ldo)                          \
+    : f->kind == LB_IDX3 ? score_i8_avx2_body(f, 3, NQ, 0, data, o, inv, t0, t1, out, ldo)                          \
+    : f->renorm          ? score_i8_avx2_body(f, 4, NQ, 1, data, o, inv, t0, t1, out, ldo)                          \
+                         : score_i8_avx2_body(f, 4, NQ, 0, data, o, inv, t0, t1, out, ldo)
     switch (nq) {
     case 1: SCORE_I8(1); break;
     case 2: SCORE_I8(2); break;
@@ -1673,12 +1735,14 @@ static int i16_path(const KVStream *s) {
     return int_shape(s) && (!f->renorm || f->kind == LB_IDX4);
 }
 
-/* Whether the running level unpacks f's codes for its integer kernels:
- * AVX-512 VNNI 4-bit codes, and 3- and 2-bit ones where the CPU has VBMI
- * (some VNNI CPUs lack it); AVX2 4- and 2-bit codes (shifts and masks). */
-static int int_codes(const LbFmt *f) {
+/* Whether the running level unpacks f's codes for its integer scores
+ * (sums = 0) or sums: AVX-512 VNNI 4-bit codes, and 3- and 2-bit ones where
+ * the CPU has VBMI (some VNNI CPUs lack it); AVX2 4- and 2-bit codes
+ * (shifts and masks), and 3-bit ones for the scores (unpack3: for the sums
+ * it would cost about what the float decode does). */
+static int int_codes(const LbFmt *f, int sums) {
     if (kernels_level() >= 3) return f->kind == LB_IDX4 || kernels_has_vbmi();
-    return kernels_level() == 1 && (f->kind == LB_IDX4 || f->kind == LB_IDX2);
+    return kernels_level() == 1 && (f->kind != LB_IDX3 || !sums);
 }
 
 /* Heads go in groups of at most 4 (5 -> 3 + 2, 8 -> 4 + 4), or 2 where the
@@ -1694,25 +1758,25 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
         return;
     }
     /* without an integer score here, score_oct_body takes all 8 heads */
-    const int int_score = (kernels_level() >= 3 && (i8_path(s) || w16_path(s)) && int_codes(f)) ||
-                          (kernels_level() == 1 && i8_path(s) && int_codes(f));
+    const int int_score = (kernels_level() >= 3 && (i8_path(s) || w16_path(s)) && int_codes(f, 0)) ||
+                          (kernels_level() == 1 && i8_path(s) && int_codes(f, 0));
     const int one = wide && !(kernels_level() >= 3 && i8_path(s)) && f->nb == 1 && f->n == 128 && !f->renorm,
               oct = !wide && !int_score && f->nb == 1 && !f->renorm, most = one ? 2 : oct ? 8 : 4;
     for (int i0 = 0, left = (nq + most - 1) / most; i0 < nq; left--) {
         int m = (nq - i0 + left - 1) / left;
         const float *qi = q + (size_t)i0 * s->d;
         float *oi = out + (size_t)i0 * ldo;
-        if (kernels_level() >= 3 && i8_path(s) && int_codes(f) &&
+        if (kernels_level() >= 3 && i8_path(s) && int_codes(f, 0) &&
             !(f->kind == LB_IDX4 ? score_i8(f, s->data, qi, m, t0, t1, oi, ldo)
                                  : score_vb(f, s->data, qi, m, t0, t1, oi, ldo))) {
             i0 += m;
             continue;
         }
-        if (kernels_level() == 1 && i8_path(s) && int_codes(f) && !score_i8_avx2(f, s->data, qi, m, t0, t1, oi, ldo)) {
+        if (kernels_level() == 1 && i8_path(s) && int_codes(f, 0) && !score_i8_avx2(f, s->data, qi, m, t0, t1, oi, ldo)) {
             i0 += m;
             continue;
         }
-        if (kernels_level() >= 3 && w16_path(s) && int_codes(f) && !score_w16(f, s->data, qi, m, t0, t1, oi, ldo)) {
+        if (kernels_level() >= 3 && w16_path(s) && int_codes(f, 0) && !score_w16(f, s->data, qi, m, t0, t1, oi, ldo)) {
             i0 += m;
             continue;
         }
@@ -1724,9 +1788,9 @@ void lb_kv_score(const KVStream *s, const float *q, int nq, int t0, int t1, floa
 
 void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int t1, float *acc) {
     const LbFmt *f = s->aux;
-    if (kernels_level() == 1 && i16_path(s) && int_codes(f) && !accum_i16_avx2(s, p, ldp, nq, t0, t1, acc))
+    if (kernels_level() == 1 && i16_path(s) && int_codes(f, 1) && !accum_i16_avx2(s, p, ldp, nq, t0, t1, acc))
         return;
-    if (kernels_level() >= 3 && i16_path(s) && int_codes(f) &&
+    if (kernels_level() >= 3 && i16_path(s) && int_codes(f, 1) &&
         !(f->kind == LB_IDX4 ? accum_i16(s, p, ldp, nq, t0, t1, acc) : accum_vb(s, p, ldp, nq, t0, t1, acc)))
         return;
     const int wide = kernels_level() > 1 && f->kind == LB_IDX4;
