@@ -481,7 +481,8 @@ extern "C" void cuda_matmul_run(const CudaMatmul *m) {
     /* the pair and the RMSNorm are the decode kernel's; q8's scales are
      * found from a whole matrix's rows */
     if ((m->n > CUDA_MATVEC_MAX && (m->pair || m->xmode)) ||
-        (m->dtype == CUDA_Q8 && (m->narrow || m->ld != (size_t)(m->pair ? 2 : 1) * m->cols))) {
+        (m->dtype == CUDA_Q8 && (m->narrow || m->ld != (size_t)(m->pair ? 2 : 1) * m->cols ||
+                                 m->shape_rows != (m->pair ? 2 : 1) * m->rows))) {
         cuda_refuse("matmul (a launch its kernels do not take)");
         return;
     }

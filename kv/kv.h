@@ -86,7 +86,7 @@ typedef struct KVScheme {
     size_t (*bytes)(const KVStream *s);
     /* On AVX-512 VNNI (avx512vnni) some schemes score with the queries
      * rounded to 8-bit integers (vpdpbusd; lm3's to 14-bit words,
-     * vpdpwssd), and q8, q4, q4h, tbq4, tbq2 and polar4 do the same on
+     * vpdpwssd), and q8, q4, q4h, tbq4, tbq3, tbq2 and polar4 do the same on
      * AVX2 (avx2, vpmaddubsw; KIVI too, its scaled queries rounded to
      * 16-bit words, vpmaddwd) and q8, q4, q4h, tbq4 and polar4 on
      * aarch64's dotprod (sdot), with the same integers. score_err bounds

@@ -3,8 +3,9 @@
  * lowbit.h), with integer (AVX-512 VNNI) ones for d = 128 in one block at
  * the end (tbq, polar4, lm3): 4-bit codes on VNNI, 3- and 2-bit codes
  * where the CPU also has VBMI. AVX2 scores and sums 4- and 2-bit codes
- * in integers too (tbq4, polar4, tbq2), and scores 3-bit ones (tbq3). aarch64 has NEON decoding and,
- * with dotprod, the integer scores of 4-bit codes (the last block).
+ * in integers too (tbq4, polar4, tbq2), and scores 3-bit ones (tbq3).
+ * aarch64 has NEON decoding and, with dotprod, the integer scores of
+ * 4-bit codes (the last block).
  * The plain C path is kv.c's reference over lb_dequant (the only one on
  * other CPUs).
  *
@@ -650,11 +651,11 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
 #undef ACCUM
 }
 
-/* ---- AVX2 integer scores for 4-, 3- and 2-bit codes ------------------------
- * d = 128, tbq4, tbq3, tbq2 and polar4: lb_score_int_ref's arithmetic with 256-bit
- * integers. vpshufb looks 32 codes up at once in the 16-byte codebook with
- * its bytes signed (cb8 - 128, so the sum needs no bias term), held in both
- * lanes. vpmaddubsw multiplies unsigned by signed bytes, so the query's
+/* ---- AVX2 integer scores for 4-, 3- and 2-bit codes ----------------------
+ * d = 128, tbq4, tbq3, tbq2 and polar4: lb_score_int_ref's arithmetic with
+ * 256-bit integers. vpshufb looks 32 codes up at once in the 16-byte
+ * codebook with its bytes signed (cb8 - 128, so the sum needs no bias
+ * term), held in both lanes. vpmaddubsw multiplies unsigned by signed bytes, so the query's
  * signs move onto the codebook bytes (vpsignb) and its magnitudes stay
  * unsigned: two products of at most 127 · 127 each fit its int16 pair sum,
  * which vpmaddwd widens to int32 before any further addition. Every sum is
@@ -733,8 +734,8 @@ AVX2_INLINE void unpack3_init(Unpack3 *u) {
             for (int b = 0; b < 32; b++) {
                 const int L = b / 16, d = b % 16 / 4, e = b % 4;
                 const int c = 4 * path + d + 8 * (e >> 1), rel = 6 * L + 3 * c / 8 + (e & 1);
-                /* byte 12 of a chunk lies only above lane 1's last code
-                 * (bits 45-47 are byte 11's top): read as zero */
+                /* byte 12 of a chunk holds none of lane 1's codes (its
+                 * last, at the lane's bits 45-47, tops byte 11): zero */
                 g[w][path][b] = rel == 12 ? 0x80 : (uint8_t)(rel + 4 * w);
             }
     for (int l = 0; l < 8; l++) sh[0][l] = 3 * (l % 4) % 8, sh[1][l] = 8 - 3 * (4 + l % 4) % 8;

@@ -154,3 +154,25 @@ Test(tools, bench_serve_runs) {
     cr_expect(strstr(out, "tbq4 holds") != NULL, "%s", out);
     remove(path);
 }
+
+/* bench_attn's --split on a short cache: a row per scheme, both halves
+ * timed (positive and finite). */
+Test(tools, bench_attn_split_runs) {
+    const int pid = (int)getpid();
+    int rc = sh("%s/bench_attn --split --kv tbq3,f16 --tokens 2 64 >/tmp/run_bench_attn.%d 2>&1", tools(), pid);
+    char path[64], out[4096];
+    snprintf(path, sizeof path, "/tmp/run_bench_attn.%d", pid);
+    slurp(path, out, sizeof out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "| scheme | ctx | queries | score ns/position | accumulate ns/position |"), "%s", out);
+    const char *names[] = {"f16", "tbq3"};
+    for (int i = 0; i < 2; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "\n| %s | 64 | 4 | ", names[i]);
+        const char *r = strstr(out, want);
+        double s = 0, a = 0;
+        cr_assert(r && sscanf(r + strlen(want), "%lf | %lf |", &s, &a) == 2, "%s row: %s", names[i], out);
+        cr_expect(s > 0 && a > 0 && s < 1e6 && a < 1e6, "%s: %g %g", names[i], s, a);
+    }
+    remove(path);
+}

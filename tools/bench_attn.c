@@ -19,10 +19,14 @@
  * depth, they come from DRAM as they do in the model (3.8 GB for f16 at
  * 32K).
  *
- *   ./build/bench_attn [--layers L] [--tokens T] [--kv f16,q8,...] [ctx ...]
+ *   ./build/bench_attn [--layers L] [--tokens T] [--split] [--kv f16,q8,...] [ctx ...]
  *
  * (defaults: 1 layer, every registered scheme, 1024 8192 32768; f16 is
  * timed first whatever its place in --kv, for the "vs f16" column).
+ * --split times the two halves of the step apart instead, on one thread:
+ * kv_score over one kv head's keys and kv_accum over its values for its
+ * 2 x T queries, nanoseconds per cached position, the fastest of 50 calls
+ * (the scheme's kernels from cache, not the memory system).
  */
 #include <math.h>
 #include <omp.h>
@@ -74,6 +78,29 @@ static double time_step(KVStream *k, KVStream *v, int nl, int nt, const float *q
     return best;
 }
 
+/* --split: nanoseconds per position of kv_score over k's ctx positions and
+ * of kv_accum over v's for nq queries (weights like a softmax's), the
+ * fastest of 50 calls each. */
+static void time_split(const KVStream *k, const KVStream *v, int ctx, int nq, const float *q, double *score_ns,
+                       double *accum_ns) {
+    float *sc = malloc(sizeof(float) * (size_t)nq * ctx), *p = malloc(sizeof(float) * (size_t)nq * ctx);
+    float acc[4 * NQ / NKV * HD];
+    for (size_t i = 0; i < (size_t)nq * ctx; i++) p[i] = fabsf(gauss()) / (float)ctx;
+    double bs = 1e9, ba = 1e9;
+    for (int rep = 0; rep < 51; rep++) {
+        const double t0 = now();
+        kv_score(k, q, nq, 0, ctx, sc, ctx);
+        const double t1 = now();
+        memset(acc, 0, sizeof(float) * (size_t)nq * HD);
+        const double t2 = now();
+        kv_accum(v, p, ctx, nq, 0, ctx, acc);
+        const double t3 = now();
+        if (rep > 0) bs = t1 - t0 < bs ? t1 - t0 : bs, ba = t3 - t2 < ba ? t3 - t2 : ba;
+    }
+    *score_ns = bs / ctx * 1e9, *accum_ns = ba / ctx * 1e9;
+    free(sc), free(p);
+}
+
 /* A whole decimal number in [lo, hi], or -1. */
 static int whole(const char *v, int lo, int hi) {
     char *end;
@@ -82,12 +109,12 @@ static int whole(const char *v, int lo, int hi) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: bench_attn [--layers 1-256] [--tokens 1-4] [--kv SCHEME,...] [ctx 1-1048576 ...]\n");
+    fprintf(stderr, "usage: bench_attn [--layers 1-256] [--tokens 1-4] [--split] [--kv SCHEME,...] [ctx 1-1048576 ...]\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
-    int ctxs[8] = {1024, 8192, 32768}, nctx = 0, nl = 1, nt = 1;
+    int ctxs[8] = {1024, 8192, 32768}, nctx = 0, nl = 1, nt = 1, split = 0;
     /* the schemes to time, f16 first (the others are compared with it) */
     const KVScheme *list[64];
     int nsc = 0;
@@ -95,6 +122,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) nl = whole(argv[++i], 1, 256);
         else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) nt = whole(argv[++i], 1, 4);
+        else if (strcmp(argv[i], "--split") == 0) split = 1;
         else if (strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
             char names[256];
             snprintf(names, sizeof names, "%s", argv[++i]);
@@ -141,7 +169,10 @@ int main(int argc, char **argv) {
     printf("attention %s, Qwen3-0.6B shape (%d q heads, %d kv heads, head_dim %d), %d layer%s, kernels %s\n",
            nt > 1 ? "prefill block" : "decode step", NQ, NKV, HD, nl, nl > 1 ? "s" : "", kernels_isa());
     if (nt > 1) printf("(%d tokens at once, the last %d positions of each ctx)\n", nt, nt);
-    printf("| scheme | ctx | threads | ms/step | KV MB read | GB/s | vs f16 |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    if (split)
+        printf("| scheme | ctx | queries | score ns/position | accumulate ns/position |\n|---|---:|---:|---:|---:|\n");
+    else
+        printf("| scheme | ctx | threads | ms/step | KV MB read | GB/s | vs f16 |\n|---|---:|---:|---:|---:|---:|---:|\n");
     for (int c = 0; c < nctx; c++) {
         int ctx = ctxs[c];
         double f16_t[3] = {0, 0, 0};
@@ -171,7 +202,13 @@ int main(int argc, char **argv) {
                 }
             double bytes = 0;
             for (int h = 0; h < ns; h++) bytes += (double)sc->bytes(&k[h]) + sc->bytes(&v[h]);
-            for (int threads = 1; threads <= 2; threads++) {
+            if (split) {
+                double st, at;
+                time_split(&k[0], &v[0], ctx, NQ / NKV * nt, q, &st, &at);
+                printf("| %s | %d | %d | %.2f | %.2f |\n", sc->name, ctx, NQ / NKV * nt, st, at);
+                fflush(stdout);
+            }
+            for (int threads = 1; !split && threads <= 2; threads++) {
                 double t = time_step(k, v, nl, nt, q, out, scr, threads);
                 if (strcmp(sc->name, "f16") == 0) f16_t[threads] = t;
                 printf("| %s | %d | %d | %.3f | %.1f | %.2f | %s", sc->name, ctx, threads, t * 1e3, bytes / 1e6,

@@ -98,6 +98,8 @@ void crr_log(const char *tag, const char *fmt, ...) __attribute__((format(printf
 #define cr_expect_str_eq(a, b, ...) CRR_CHECK(0, strcmp((a), (b)) == 0, #a " equals " #b, __VA_ARGS__)
 #define cr_assert_str_neq(a, b, ...) CRR_CHECK(1, strcmp((a), (b)) != 0, #a " differs from " #b, __VA_ARGS__)
 #define cr_expect_str_neq(a, b, ...) CRR_CHECK(0, strcmp((a), (b)) != 0, #a " differs from " #b, __VA_ARGS__)
+#define cr_assert_str_empty(a, ...) CRR_CHECK(1, *(a) == 0, #a " is empty", __VA_ARGS__)
+#define cr_expect_str_empty(a, ...) CRR_CHECK(0, *(a) == 0, #a " is empty", __VA_ARGS__)
 #define cr_assert_fail(...) CRR_CHECK(1, 0, "cr_assert_fail", __VA_ARGS__)
 #define cr_expect_fail(...) CRR_CHECK(0, 0, "cr_expect_fail", __VA_ARGS__)
 
