@@ -88,7 +88,7 @@ typedef struct KVScheme {
      * rounded to 8-bit integers (vpdpbusd; lm3's to 14-bit words,
      * vpdpwssd), and q8, q4, q4h, tbq4, tbq3, tbq2 and polar4 do the same on
      * AVX2 (avx2, vpmaddubsw; KIVI too, its scaled queries rounded to
-     * 16-bit words, vpmaddwd) and q8, q4, q4h, tbq4 and polar4 on
+     * 16-bit words, vpmaddwd) and q8, q4, q4h, tbq4/3/2 and polar4 on
      * aarch64's dotprod (sdot), with the same integers. score_err bounds
      * what that adds beyond float rounding, as a share of ‖q‖·‖k‖;
      * score_int is the same integer arithmetic in plain C, which the

@@ -5,7 +5,7 @@
  * where the CPU also has VBMI. AVX2 scores and sums 4- and 2-bit codes
  * in integers too (tbq4, polar4, tbq2), and scores 3-bit ones (tbq3).
  * aarch64 has NEON decoding and, with dotprod, the integer scores of
- * 4-bit codes (the last block).
+ * tbq4/3/2 and polar4 (the last block).
  * The plain C path is kv.c's reference over lb_dequant (the only one on
  * other CPUs).
  *
@@ -1817,7 +1817,7 @@ void lb_kv_accum(const KVStream *s, const float *p, int ldp, int nq, int t0, int
  * centroids is one 16-byte table, so 4 tbl give the 4 bytes of 16 values
  * and st4 lays them down as floats), then dotted with or added to each
  * head with the NEON vec ops.
- * dotprod, d = 128, 4-bit codes (tbq4, polar4): lb_score_int_ref's integer
+ * dotprod, d = 128, tbq4/3/2 and polar4: lb_score_int_ref's integer
  * scores, with the codebook bytes signed (cb8 - 128, so the sum needs no
  * bias) looked up by tbl and multiplied by the query's bytes with sdot. */
 /* lm_nearest 4 values at a time, as nearest16: the strict v > mid counted
@@ -1861,22 +1861,37 @@ static inline void codes32(const uint8_t *qs, int bits, int j, uint8x16_t idx[2]
         idx[0] = z.val[0], idx[1] = z.val[1];
         return;
     }
-    uint8_t v[32];
     if (bits == 2) {
         /* 8 bytes: value j + 4i + k at bits 2k of byte i; st4 interleaves */
+        uint8_t v[32];
         const uint8x8_t c = vld1_u8(qs + j / 4), m = vdup_n_u8(3);
         const uint8x8x4_t q = {{vand_u8(c, m), vand_u8(vshr_n_u8(c, 2), m), vand_u8(vshr_n_u8(c, 4), m),
                                 vshr_n_u8(c, 6)}};
         vst4_u8(v, q);
-    } else {
-        /* 12 bytes: four 24-bit words of 8 codes each */
-        for (int w = 0; w < 4; w++) {
-            const uint8_t *p = qs + 3 * (j / 8 + w);
-            const uint32_t x = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
-            for (int k = 0; k < 8; k++) v[8 * w + k] = (uint8_t)(x >> (3 * k) & 7);
-        }
+        idx[0] = vld1q_u8(v), idx[1] = vld1q_u8(v + 16);
+        return;
     }
-    idx[0] = vld1q_u8(v), idx[1] = vld1q_u8(v + 16);
+    /* 12 bytes, four 24-bit words of 8 codes (code i of word g at bit 3i),
+     * read as exactly 12 (a block's last 12 end its row). Per word a
+     * vector of 8 16-bit lanes: lane i gathers the two bytes holding code
+     * i (tbl; byte 12, past the words, reads 0), a negative ushl moves the
+     * code to bit 0, and narrowing keeps the low byte, the next codes'
+     * bits above it masked off. */
+    static const uint8_t gather[4][16] = {
+        {0, 1, 0, 1, 0, 1, 1, 2, 1, 2, 1, 2, 2, 3, 2, 3},     {3, 4, 3, 4, 3, 4, 4, 5, 4, 5, 4, 5, 5, 6, 5, 6},
+        {6, 7, 6, 7, 6, 7, 7, 8, 7, 8, 7, 8, 8, 9, 8, 9},     {9, 10, 9, 10, 9, 10, 10, 11, 10, 11, 10, 11, 11, 12, 11, 12}};
+    static const int16_t shift[8] = {0, -3, -6, -1, -4, -7, -2, -5};
+    uint64_t lo;
+    uint32_t hi;
+    memcpy(&lo, qs + 3 * (j / 8), 8);
+    memcpy(&hi, qs + 3 * (j / 8) + 8, 4);
+    const uint8x16_t w = vcombine_u8(vcreate_u8(lo), vcreate_u8(hi));
+    const int16x8_t sh = vld1q_s16(shift);
+    uint8x8_t c[4];
+    for (int g = 0; g < 4; g++)
+        c[g] = vmovn_u16(vshlq_u16(vreinterpretq_u16_u8(vqtbl1q_u8(w, vld1q_u8(gather[g]))), sh));
+    idx[0] = vandq_u8(vcombine_u8(c[0], c[1]), vdupq_n_u8(7));
+    idx[1] = vandq_u8(vcombine_u8(c[2], c[3]), vdupq_n_u8(7));
 }
 
 /* lb_dequant, the same values: cb[idx] · s, one rounding each, with
@@ -1908,35 +1923,45 @@ static void dequant_neon(const LbFmt *f, const CbTables *t, const uint8_t *vec, 
 }
 
 /* lb_score_int_ref's byte scores (i8_path streams): per position the
- * exact Σ (cb8[idx_j] - 128) q_j, then its float steps in its order. */
+ * exact Σ (cb8[idx_j] - 128) q_j, then its float steps in its order.
+ * 4-bit codes are looked up as they lie (even and odd values apart, the
+ * query's qe and qo); 3- and 2-bit ones through codes32, in value order. */
 __attribute__((target("arch=armv8.2-a+dotprod"))) static int score_sdot(const KVStream *s, const float *q, int nq,
                                                                          int t0, int t1, float *out, int ldo) {
     const LbFmt *f = s->aux;
-    if (!i8_path(s) || f->kind != LB_IDX4 || nq > KV_MAX_NQ) return -1;
+    if (!i8_path(s) || nq > KV_MAX_NQ) return -1;
+    const int b4 = f->kind == LB_IDX4;
     LbQ8 o[KV_MAX_NQ];
+    int8_t qv[KV_MAX_NQ][128]; /* 3 and 2 bits: each query's bytes in value order */
     for (int i = 0; i < nq; i++) {
         const float sc = q_scale(q + (size_t)i * 128, 127.0f);
         if (sc < 0) return -1;
         q8_prep_ref(q + (size_t)i * 128, sc, f->cb8_s, &o[i]);
+        for (int b = 0; !b4 && b < 64; b++) qv[i][2 * b] = o[i].qe[b], qv[i][2 * b + 1] = o[i].qo[b];
     }
     int8_t cbs[16];
     for (int i = 0; i < 16; i++) cbs[i] = (int8_t)(f->cb8[i] - 128);
     const int8x16_t tab = vld1q_s8(cbs);
     for (int t = t0; t < t1; t++) {
         const uint8_t *blk = s->data + (size_t)t * (size_t)f->vec_bytes;
-        /* e[c], d[c]: the centroid bytes of values 32c + 2i and 32c + 2i + 1 */
-        int8x16_t e[4], d[4];
+        /* 4 bits: x[2c], x[2c + 1] the centroid bytes of values 32c + 2i and
+         * 32c + 2i + 1; else x[k] those of values 16k .. 16k + 15 */
+        int8x16_t x[8];
         for (int c = 0; c < 4; c++) {
-            const uint8x16_t b = vld1q_u8(blk + f->hdr + 16 * c);
-            e[c] = vqtbl1q_s8(tab, vandq_u8(b, vdupq_n_u8(15)));
-            d[c] = vqtbl1q_s8(tab, vshrq_n_u8(b, 4));
+            uint8x16_t idx[2];
+            if (b4) {
+                const uint8x16_t b = vld1q_u8(blk + f->hdr + 16 * c);
+                idx[0] = vandq_u8(b, vdupq_n_u8(15)), idx[1] = vshrq_n_u8(b, 4);
+            } else
+                codes32(blk + f->hdr, f->kind, 32 * c, idx);
+            x[2 * c] = vqtbl1q_s8(tab, idx[0]), x[2 * c + 1] = vqtbl1q_s8(tab, idx[1]);
         }
         const float scale = i8_scale(f, blk);
         for (int i = 0; i < nq; i++) {
             int32x4_t a = vdupq_n_s32(0);
             for (int c = 0; c < 4; c++) {
-                a = vdotq_s32(a, e[c], vld1q_s8(o[i].qe + 16 * c));
-                a = vdotq_s32(a, d[c], vld1q_s8(o[i].qo + 16 * c));
+                a = vdotq_s32(a, x[2 * c], vld1q_s8(b4 ? o[i].qe + 16 * c : qv[i] + 32 * c));
+                a = vdotq_s32(a, x[2 * c + 1], vld1q_s8(b4 ? o[i].qo + 16 * c : qv[i] + 32 * c + 16));
             }
             out[(size_t)i * ldo + (t - t0)] = (float)vaddvq_s32(a) * scale * o[i].inv;
         }

@@ -45,7 +45,7 @@ static inline const char *float_level(void) {
 /* Whether s scores in integers at the level running (KVStream.score_err
  * applies, and accum_err on x86-64): at avx512vnni every scheme with a
  * score_int twin but the 3- and 2-bit ones without VBMI (kv/lowbit.c) and
- * KIVI; at dotprod q8, q4, q4h, tbq4 and polar4, at avx2 those, tbq3, tbq2
+ * KIVI; at dotprod q8, q4, q4h, tbq4, tbq3, tbq2 and polar4, at avx2 those
  * and KIVI (tbq3's sums in floats: int_sums); at head dim 128 only,
  * nowhere else. */
 static inline int int_path(const KVStream *s) {
@@ -53,8 +53,7 @@ static inline int int_path(const KVStream *s) {
     const int avx2 = !strcmp(kernels_isa(), "avx2"), kivi = !strncmp(n, "kivi", 4);
     if (!strcmp(kernels_isa(), "dotprod") || avx2)
         return s->d == 128 && (!strcmp(n, "q8") || !strcmp(n, "q4") || !strcmp(n, "q4h") || !strcmp(n, "tbq4") ||
-                               !strcmp(n, "polar4") ||
-                               (avx2 && (!strcmp(n, "tbq3") || !strcmp(n, "tbq2") || kivi)));
+                               !strcmp(n, "tbq3") || !strcmp(n, "tbq2") || !strcmp(n, "polar4") || (avx2 && kivi));
     if (strcmp(kernels_isa(), "avx512vnni") || kivi || s->d != 128) return 0;
     return kernels_has_vbmi() || (strcmp(n, "tbq3") && strcmp(n, "tbq2") && strcmp(n, "lm3"));
 }
