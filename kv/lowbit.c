@@ -1877,9 +1877,10 @@ static inline void codes32(const uint8_t *qs, int bits, int j, uint8x16_t idx[2]
      * i (tbl; byte 12, past the words, reads 0), a negative ushl moves the
      * code to bit 0, and narrowing keeps the low byte, the next codes'
      * bits above it masked off. */
-    static const uint8_t gather[4][16] = {
-        {0, 1, 0, 1, 0, 1, 1, 2, 1, 2, 1, 2, 2, 3, 2, 3},     {3, 4, 3, 4, 3, 4, 4, 5, 4, 5, 4, 5, 5, 6, 5, 6},
-        {6, 7, 6, 7, 6, 7, 7, 8, 7, 8, 7, 8, 8, 9, 8, 9},     {9, 10, 9, 10, 9, 10, 10, 11, 10, 11, 10, 11, 11, 12, 11, 12}};
+    static const uint8_t gather[4][16] = {{0, 1, 0, 1, 0, 1, 1, 2, 1, 2, 1, 2, 2, 3, 2, 3},
+                                          {3, 4, 3, 4, 3, 4, 4, 5, 4, 5, 4, 5, 5, 6, 5, 6},
+                                          {6, 7, 6, 7, 6, 7, 7, 8, 7, 8, 7, 8, 8, 9, 8, 9},
+                                          {9, 10, 9, 10, 9, 10, 10, 11, 10, 11, 10, 11, 11, 12, 11, 12}};
     static const int16_t shift[8] = {0, -3, -6, -1, -4, -7, -2, -5};
     uint64_t lo;
     uint32_t hi;

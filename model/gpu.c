@@ -1005,6 +1005,9 @@ int gpu_forward(GpuModel *g, KVCache *kv, const int *tokens, int n, float *logit
     GpuKV *d = kv->dev;
     const int V = g->cfg.vocab_size, H = g->cfg.hidden, pos = kv->dev_len;
     *bad = -1;
+    /* a cache's stores read its own model's position (kv_store), and its
+     * graphs were captured with that model's buffers */
+    if (!d || d->g != g) { snprintf(err, errlen, "a KV cache this GPU model did not make (gpu_kv_init)"); return -1; }
     g->last = NULL;
     if (g->trace && n > g->trace_rows) {
         snprintf(err, errlen, "a forward of %d tokens with the queries traced for %d", n, g->trace_rows);
@@ -1092,6 +1095,7 @@ int gpu_mtp_forward(GpuModel *g, KVCache *mkv, const float *hidden, const int *t
     const float eps = (float)c->eps;
     *bad = -1;
     if (!g->has_mtp) { snprintf(err, errlen, "the model has no MTP head"); return -1; }
+    if (!d || d->g != g) { snprintf(err, errlen, "a KV cache this GPU model did not make (gpu_kv_init)"); return -1; }
     if (logits) g->last = NULL; /* its logits take the main model's place */
     for (int off = 0; off < n; off += GPU_BATCH) {
         const int nb = n - off < GPU_BATCH ? n - off : GPU_BATCH, last = off + nb == n;
