@@ -726,25 +726,21 @@ typedef struct {
     __m256i sa, sb;       /* each dword's shift */
 } Unpack3;
 
+/* The gathers: byte e of dword d in lane L takes byte 6L + 3c / 8 + (e & 1)
+ * of the chunk for code c = d + 8 (e >> 1) (path A) or 4 + d + 8 (e >> 1)
+ * (B); byte 12 holds none of lane 1's codes (its last, at the lane's bits
+ * 45-47, tops byte 11) and reads as zero (0x80, still so plus 4). From
+ * 12k - 4 every index is 4 more. The shifts: 3c mod 8 to the right for
+ * A, 8 minus that to the left for B. */
 AVX2_INLINE void unpack3_init(Unpack3 *u) {
-    uint8_t g[2][2][32];
-    int32_t sh[2][8];
-    for (int w = 0; w < 2; w++)
-        for (int path = 0; path < 2; path++)
-            for (int b = 0; b < 32; b++) {
-                const int L = b / 16, d = b % 16 / 4, e = b % 4;
-                const int c = 4 * path + d + 8 * (e >> 1), rel = 6 * L + 3 * c / 8 + (e & 1);
-                /* byte 12 of a chunk holds none of lane 1's codes (its
-                 * last, at the lane's bits 45-47, tops byte 11): zero */
-                g[w][path][b] = rel == 12 ? 0x80 : (uint8_t)(rel + 4 * w);
-            }
-    for (int l = 0; l < 8; l++) sh[0][l] = 3 * (l % 4) % 8, sh[1][l] = 8 - 3 * (4 + l % 4) % 8;
-    for (int w = 0; w < 2; w++) {
-        u->ga[w] = _mm256_loadu_si256((const __m256i *)g[w][0]);
-        u->gb[w] = _mm256_loadu_si256((const __m256i *)g[w][1]);
-    }
-    u->sa = _mm256_loadu_si256((const __m256i *)sh[0]);
-    u->sb = _mm256_loadu_si256((const __m256i *)sh[1]);
+    u->ga[0] = _mm256_setr_epi8(0, 1, 3, 4, 0, 1, 3, 4, 0, 1, 3, 4, 1, 2, 4, 5, 6, 7, 9, 10, 6, 7, 9, 10, 6, 7, 9, 10,
+                                7, 8, 10, 11);
+    u->gb[0] = _mm256_setr_epi8(1, 2, 4, 5, 1, 2, 4, 5, 2, 3, 5, 6, 2, 3, 5, 6, 7, 8, 10, 11, 7, 8, 10, 11, 8, 9, 11,
+                                (char)0x80, 8, 9, 11, (char)0x80);
+    u->ga[1] = _mm256_add_epi8(u->ga[0], _mm256_set1_epi8(4));
+    u->gb[1] = _mm256_add_epi8(u->gb[0], _mm256_set1_epi8(4));
+    u->sa = _mm256_setr_epi32(0, 3, 6, 1, 0, 3, 6, 1);
+    u->sb = _mm256_setr_epi32(4, 1, 6, 3, 4, 1, 6, 3);
 }
 
 /* Chunk k of a row's 3-bit codes as 32 code bytes (unpack3's order). */

@@ -85,6 +85,10 @@ static void time_split(const KVStream *k, const KVStream *v, int ctx, int nq, co
                        double *accum_ns) {
     float *sc = malloc(sizeof(float) * (size_t)nq * ctx), *p = malloc(sizeof(float) * (size_t)nq * ctx);
     float acc[4 * NQ / NKV * HD];
+    if (!sc || !p) {
+        fprintf(stderr, "bench_attn: --split: out of memory for %d positions' scores\n", ctx);
+        exit(1);
+    }
     for (size_t i = 0; i < (size_t)nq * ctx; i++) p[i] = fabsf(gauss()) / (float)ctx;
     double bs = 1e9, ba = 1e9;
     for (int rep = 0; rep < 51; rep++) {
