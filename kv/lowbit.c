@@ -655,11 +655,12 @@ AVX2 static void accum_avx2(const LbFmt *f, const uint8_t *data, int d, const fl
  * d = 128, tbq4, tbq3, tbq2 and polar4: lb_score_int_ref's arithmetic with
  * 256-bit integers. vpshufb looks 32 codes up at once in the 16-byte
  * codebook with its bytes signed (cb8 - 128, so the sum needs no bias
- * term), held in both lanes. vpmaddubsw multiplies unsigned by signed bytes, so the query's
- * signs move onto the codebook bytes (vpsignb) and its magnitudes stay
- * unsigned: two products of at most 127 · 127 each fit its int16 pair sum,
- * which vpmaddwd widens to int32 before any further addition. Every sum is
- * exact, so the integer equals the twin's Σ cb8[idx]·q - bias.
+ * term), held in both lanes. vpmaddubsw multiplies unsigned by signed
+ * bytes, so the query's signs move onto the codebook bytes (vpsignb) and
+ * its magnitudes stay unsigned: two products of at most 127 · 127 each
+ * fit its int16 pair sum, which vpmaddwd widens to int32 before any
+ * further addition. Every sum is exact, so the integer equals the twin's
+ * Σ cb8[idx]·q - bias.
  * A position's codes come apart in four 32-byte chunks of code indices, and
  * the query is laid out once per call in the same order (q8_prep_avx2):
  *   4-bit: | even values 0-62 | odd 1-63 | even 64-126 | odd 65-127 |
